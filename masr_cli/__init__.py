@@ -1,0 +1,1 @@
+"""The `masr` command line: thin Typer wrappers over library functions in `masr`."""

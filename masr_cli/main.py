@@ -1,0 +1,55 @@
+"""Wires the commands; each lives in its own module and wraps one library function."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from masr_cli import evaluate, export, prep, score, synth, train
+from masr_cli._common import handle_errors
+
+app = typer.Typer(
+    name="masr",
+    help=(
+        "Playlist continuation with Mahalanobis distance-based attentive song recommenders "
+        "(MDR, MASS, MASR and adversarial AMDR/AMASS/AMASR, SIGIR 2019).\n\n"
+        "Typical run: masr prep → masr train --model amasr → masr evaluate → masr export → "
+        "masr score playlists.csv > recs.csv"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from masr import __version__
+
+        typer.echo(f"masr {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """masr: automatic playlist continuation."""
+
+
+for module in (prep, synth, train, evaluate, export, score):
+    app.command(name=module.NAME)(handle_errors(module.command))
+
+
+def run() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,12 @@
+"""`masr prep` (placeholder until its issue lands)."""
+
+from __future__ import annotations
+
+import typer
+
+NAME = "prep"
+
+
+def command() -> None:
+    """Not implemented yet."""
+    raise typer.Exit(2)

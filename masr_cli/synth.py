@@ -1,0 +1,12 @@
+"""`masr synth` (placeholder until its issue lands)."""
+
+from __future__ import annotations
+
+import typer
+
+NAME = "synth"
+
+
+def command() -> None:
+    """Not implemented yet."""
+    raise typer.Exit(2)

@@ -1,0 +1,12 @@
+"""`masr train` (placeholder until its issue lands)."""
+
+from __future__ import annotations
+
+import typer
+
+NAME = "train"
+
+
+def command() -> None:
+    """Not implemented yet."""
+    raise typer.Exit(2)

@@ -1,0 +1,149 @@
+"""Load a prepared data directory (the output of ``masr prep``) into NumPy arrays.
+
+The on-disk format is documented in ``docs/design.md`` ("Prepared data"). This module is
+torch-free; training code moves the arrays it needs to its device itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from masr.errors import MasrError
+
+FORMAT_VERSION = 1
+TABLES = ("users", "playlists", "songs", "train", "valid", "test")
+
+
+@dataclass(frozen=True)
+class Cases:
+    """Validation or test cases: one held-out song per playlist with its stored negatives."""
+
+    playlist: np.ndarray  # (C,) int64 playlist index
+    user: np.ndarray  # (C,) int64 user index of that playlist
+    song: np.ndarray  # (C,) int64 held-out song index
+    negatives: np.ndarray  # (C, K) int64 sampled negative songs, padded with -1 when fewer
+
+    def __len__(self) -> int:
+        return int(self.playlist.shape[0])
+
+
+@dataclass
+class PreparedData:
+    """Everything training and evaluation need, as contiguous integer arrays.
+
+    Song indices ``0 .. n_songs-1`` are the catalog: the songs that occur in training. Every
+    validation/test song and every negative lies inside the catalog.
+    """
+
+    path: Path
+    manifest: dict
+    n_users: int
+    n_playlists: int
+    n_songs: int
+    playlist_user: np.ndarray  # (P,) int64 owner of each playlist
+    train_playlist: np.ndarray  # (N,) int64, sorted by playlist
+    train_song: np.ndarray  # (N,) int64
+    indptr: np.ndarray  # (P+1,) int64 CSR offsets: playlist p's songs are train_song[indptr[p]:indptr[p+1]]
+    valid: Cases
+    test: Cases
+    _tables: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def train_user(self) -> np.ndarray:
+        """(N,) int64 user of each training interaction."""
+        return self.playlist_user[self.train_playlist]
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the prepared data: checkpoints made on other data are never reused."""
+        return str(self.manifest["fingerprint"])
+
+    def playlist_songs(self, p: int) -> np.ndarray:
+        return self.train_song[self.indptr[p] : self.indptr[p + 1]]
+
+    @cached_property
+    def song_popularity(self) -> np.ndarray:
+        """(V,) int64 number of training playlists holding each song."""
+        return np.bincount(self.train_song, minlength=self.n_songs).astype(np.int64)
+
+    def table(self, name: str) -> pl.DataFrame:
+        """One of the Parquet tables (users, playlists, songs, train, valid, test)."""
+        if name not in self._tables:
+            self._tables[name] = pl.read_parquet(self.path / f"{name}.parquet")
+        return self._tables[name]
+
+
+def fingerprint_of(manifest: dict) -> str:
+    """A stable hash of the manifest's content fields (everything but timings)."""
+    body = {k: v for k, v in manifest.items() if k not in {"fingerprint", "created", "seconds"}}
+    blob = json.dumps(body, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _cases(df: pl.DataFrame, playlist_user: np.ndarray) -> Cases:
+    playlist = df["playlist_idx"].to_numpy().astype(np.int64)
+    song = df["song_idx"].to_numpy().astype(np.int64)
+    neg_lists = df["negatives"]
+    k = int(neg_lists.list.len().max() or 0) if len(df) else 0
+    negatives = np.full((len(df), k), -1, dtype=np.int64)
+    if k:
+        lengths = neg_lists.list.len().to_numpy().astype(np.int64)
+        flat = neg_lists.explode().drop_nulls().to_numpy().astype(np.int64)
+        rows = np.repeat(np.arange(len(df)), lengths)
+        cols = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        negatives[rows, cols] = flat
+    return Cases(playlist=playlist, user=playlist_user[playlist], song=song, negatives=negatives)
+
+
+def load_prepared(path: str | Path) -> PreparedData:
+    """Read a ``masr prep`` output directory; a clear MasrError when it is missing or broken."""
+    path = Path(path)
+    manifest_path = path / "manifest.json"
+    if not manifest_path.is_file():
+        raise MasrError(
+            f"{path}: no prepared data here (missing manifest.json); run `masr prep --out {path}` first"
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise MasrError(f"{manifest_path}: unreadable manifest ({exc})") from None
+    for name in TABLES:
+        if not (path / f"{name}.parquet").is_file():
+            raise MasrError(f"{path}: prepared data is incomplete (missing {name}.parquet); rerun `masr prep`")
+    try:
+        playlists = pl.read_parquet(path / "playlists.parquet", columns=["playlist_idx", "user_idx"])
+        train = pl.read_parquet(path / "train.parquet", columns=["playlist_idx", "song_idx"])
+        valid = pl.read_parquet(path / "valid.parquet", columns=["playlist_idx", "song_idx", "negatives"])
+        test = pl.read_parquet(path / "test.parquet", columns=["playlist_idx", "song_idx", "negatives"])
+    except Exception as exc:  # polars raises several types for corrupt files
+        raise MasrError(f"{path}: cannot read prepared tables ({exc})") from None
+
+    n_playlists = int(manifest["playlists"])
+    playlist_user = np.zeros(n_playlists, dtype=np.int64)
+    playlist_user[playlists["playlist_idx"].to_numpy()] = playlists["user_idx"].to_numpy()
+    train = train.sort(["playlist_idx", "song_idx"])
+    train_playlist = train["playlist_idx"].to_numpy().astype(np.int64)
+    train_song = train["song_idx"].to_numpy().astype(np.int64)
+    counts = np.bincount(train_playlist, minlength=n_playlists)
+    indptr = np.zeros(n_playlists + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return PreparedData(
+        path=path,
+        manifest=manifest,
+        n_users=int(manifest["users"]),
+        n_playlists=n_playlists,
+        n_songs=int(manifest["catalog_songs"]),
+        playlist_user=playlist_user,
+        train_playlist=train_playlist,
+        train_song=train_song,
+        indptr=indptr,
+        valid=_cases(valid, playlist_user),
+        test=_cases(test, playlist_user),
+    )

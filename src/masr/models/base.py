@@ -1,0 +1,93 @@
+"""The one scoring contract every masr model implements (MDR, MASS, MASR and all baselines).
+
+A model maps a batch of (user, playlist, member songs) and candidate songs to *distances*:
+lower is better, as in the paper's eqs. 11, 19-21. Training (BPR/APR), evaluation (sampled and
+full ranking) and export are written once against this contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from masr.dataset import PreparedData
+
+
+@dataclass
+class Batch:
+    """Who the songs are for. Shapes: B rows, L member slots."""
+
+    users: Tensor  # (B,) long user index
+    playlists: Tensor  # (B,) long playlist index
+    members: Tensor  # (B, L) long member songs; padded slots hold any valid index (0)
+    member_mask: Tensor  # (B, L) bool, True where the slot is a real member
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(
+            self.users.to(device),
+            self.playlists.to(device),
+            self.members.to(device),
+            self.member_mask.to(device),
+        )
+
+
+@dataclass
+class ModelConfig:
+    """Base of every model's typed config; saved in checkpoints and ONNX metadata."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Recommender(nn.Module):
+    """Base class. Subclasses set ``name`` and ``config_class`` and implement ``distance``."""
+
+    name: ClassVar[str]
+    config_class: ClassVar[type[ModelConfig]]
+    #: False for closed-form models (pop, itemknn, ease, als): ``fit`` replaces gradient training.
+    trainable: ClassVar[bool] = True
+    #: True when ``distance`` reads the member songs (MASS, FISM, item-kNN ...).
+    uses_members: ClassVar[bool] = False
+    #: Training objective: "bpr" (eq. 21) or "hinge" (CML's margin loss, with ``margin`` in config).
+    loss: ClassVar[str] = "bpr"
+
+    def __init__(self, config: ModelConfig, n_users: int, n_playlists: int, n_songs: int):
+        super().__init__()
+        self.config = config
+        self.n_users, self.n_playlists, self.n_songs = n_users, n_playlists, n_songs
+
+    def sizes(self) -> dict[str, int]:
+        return {"n_users": self.n_users, "n_playlists": self.n_playlists, "n_songs": self.n_songs}
+
+    def distance(self, batch: Batch, songs: Tensor) -> Tensor:
+        """(B, C) distances from each row's context to its candidate ``songs`` (B, C)."""
+        raise NotImplementedError
+
+    def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
+        """(B, V) distances to every catalog song. Models override this with a GEMM form;
+        the default evaluates ``distance`` over song chunks."""
+        device = batch.users.device
+        out = []
+        for start in range(0, self.n_songs, chunk):
+            songs = torch.arange(start, min(start + chunk, self.n_songs), device=device)
+            out.append(self.distance(batch, songs.expand(batch.users.shape[0], -1)))
+        return torch.cat(out, dim=1)
+
+    def fit(self, data: PreparedData, device: torch.device) -> None:
+        """Closed-form models compute their parameters here (``trainable = False``)."""
+        raise NotImplementedError(f"{self.name} is trained by gradient descent, not fit()")
+
+    def after_step(self) -> None:
+        """Called after every optimiser step (CML clips norms here). Default: nothing."""
+
+    def embedding_tables(self) -> set[str]:
+        """Parameter names perturbed per row in APR (eq. 24); the rest are perturbed per tensor."""
+        return {
+            f"{mod_name}.weight" if mod_name else "weight"
+            for mod_name, mod in self.named_modules()
+            if isinstance(mod, nn.Embedding)
+        }

@@ -1,0 +1,29 @@
+"""The single place that seeds every random number generator masr uses."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+import numpy as np
+
+
+def set_seed(seed: int, *, deterministic: bool = True) -> np.random.Generator:
+    """Seed Python, NumPy and (when it is imported or importable) PyTorch.
+
+    Returns a fresh ``numpy.random.Generator`` seeded with ``seed`` for callers that draw
+    NumPy randomness explicitly. PyTorch is only seeded when it is already imported, so that
+    torch-free code paths (ONNX scoring) never import it.
+    """
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    os.environ.setdefault("PYTHONHASHSEED", str(seed))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+        if torch.cuda.is_available():
+            torch.cuda.manual_seed_all(seed)
+        if deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+    return np.random.default_rng(seed)
