@@ -1,12 +1,148 @@
-"""`masr evaluate` (placeholder until its issue lands)."""
+"""`masr evaluate`: hit@N / ndcg@N of trained runs, sampled and full-ranking protocols."""
 
 from __future__ import annotations
 
+import enum
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.table import Table
+
+from masr_cli._common import console
 
 NAME = "evaluate"
 
 
-def command() -> None:
-    """Not implemented yet."""
-    raise typer.Exit(2)
+class Split(str, enum.Enum):
+    test = "test"
+    valid = "valid"
+
+
+class Device(str, enum.Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def command(
+    data: Annotated[
+        Path, typer.Option(help="Prepared data directory the runs were trained on.")
+    ] = Path("data"),
+    runs: Annotated[Path, typer.Option(help="Runs directory (output of `masr train`).")] = Path(
+        "runs"
+    ),
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Run to evaluate; repeat for several (--model mdr --model amasr). "
+            "'all' = every run in --runs.  [default: all]",
+            show_default=False,
+        ),
+    ] = None,
+    json_out: Annotated[
+        str | None,
+        typer.Option(
+            "--json",
+            help='Write {"<run>": {"sampled": {"hit@1": ..., "ndcg@10": ...}, "full": {...}}} '
+            "here; '-' prints it on stdout.",
+            show_default=False,
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the hit@N curves (N = 1..10, both protocols) as a PNG (needs matplotlib).",
+            show_default=False,
+        ),
+    ] = None,
+    split: Annotated[
+        Split, typer.Option(help="Held-out split to score; model selection used 'valid'.")
+    ] = Split.test,
+    device: Annotated[Device, typer.Option(help="auto picks CUDA when present.")] = Device.auto,
+) -> None:
+    """Score trained runs on the held-out songs, as the paper's Table 2 and Fig. 4.
+
+    Two protocols. sampled (the paper's): each held-out song is ranked against the negatives
+    stored with its case. full: against every catalog song not among the playlist's training
+    songs. Ties count against the held-out song. Prints hit@10 / ndcg@10 in the layout of the
+    paper's Table 2 (with the relative improvement of MASR/AMASR over the best baseline) on
+    stderr; --json writes hit@N and ndcg@N for N = 1..10.
+
+    Examples:
+
+      masr evaluate                                  # every run, test split
+
+      masr evaluate --model mdr --model amasr --json - > metrics.json
+
+      masr evaluate --split valid --plot hits.png
+    """
+    from masr.dataset import load_prepared
+    from masr.errors import MasrError
+    from masr.evaluate import comparison_rows, plot_hit_curves, to_jsonable
+    from masr.runs import evaluate_runs
+
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise MasrError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
+    prepared = load_prepared(data)
+    names = model or ["all"]
+    results = evaluate_runs(
+        prepared,
+        runs,
+        names,
+        split=split.value,
+        device=device.value,
+        log=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+    )
+    cases = prepared.test if split is Split.test else prepared.valid
+    negatives = int((cases.negatives >= 0).sum(1).max()) if len(cases) else 0
+    table = Table(
+        title=f"{split.value} split, {len(cases)} playlists: sampled = held-out song vs its "
+        f"{negatives} stored negatives; full = vs all {prepared.n_songs} catalog songs "
+        "outside the playlist",
+        title_justify="left",
+    )
+    table.add_column("", style="dim")
+    table.add_column("Method")
+    for head in ("sampled hit@10", "sampled ndcg@10", "full hit@10", "full ndcg@10"):
+        table.add_column(head, justify="right")
+    group_title = {"baseline": "Baselines", "ours": "Ours", "improvement": "Imprv. (%)"}
+    previous = None
+    for row in comparison_rows(results):
+        if previous is not None and row.group != previous:
+            table.add_section()
+        label = group_title[row.group] if row.group != previous else ""
+        previous = row.group
+        if row.values is None:
+            table.add_row(label, row.label, *(["[dim]not yet run[/dim]"] + [""] * 3))
+        elif row.group == "improvement":
+            table.add_row(label, row.label, *(_pct(v) for v in row.values))
+        else:
+            table.add_row(label, row.label, *(_num(v) for v in row.values))
+    console.print(table)
+    payload = to_jsonable(results)
+    if json_out == "-":
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+    elif json_out is not None:
+        from masr.atomic import atomic_file
+
+        try:
+            with atomic_file(Path(json_out), "w") as fh:
+                json.dump(payload, fh, indent=2)
+                fh.write("\n")
+        except OSError as exc:
+            raise MasrError(f"--json {json_out}: cannot write ({exc.strerror})") from None
+        console.print(f"wrote {json_out}")
+    if plot is not None:
+        plot_hit_curves(results, plot, title=split.value)
+        console.print(f"wrote {plot}")
+
+
+def _num(v: float | None) -> str:
+    return "—" if v is None else f"{v:.4f}"
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{v:+.2f}"

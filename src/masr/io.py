@@ -1,0 +1,223 @@
+"""Reading playlist interaction files: CSV, TSV or Parquet, optionally gzipped.
+
+Real exports parse as they are: a UTF-8 byte-order mark, CRLF line ends, and quoted fields that
+hold commas, doubled quotes or newlines. Ids are read as strings (numbers, ``spotify:track:...``
+and unicode all work). Every problem a user can fix becomes one :class:`MasrError` line that
+names the file and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from masr.errors import MasrError
+
+#: Extra song columns kept in songs.parquet when the input has them.
+SONG_EXTRAS = ("track_name", "artist_name")
+#: Extra interaction column kept in train/valid/test when the input has it.
+POSITION = "position"
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_PARQUET_MAGIC = b"PAR1"
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Names of the id columns in the input (``--user-col`` ...)."""
+
+    user: str = "user_id"
+    playlist: str = "playlist_id"
+    track: str = "track_id"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"user": self.user, "playlist": self.playlist, "track": self.track}
+
+
+@dataclass
+class RawInput:
+    """An input file read into a frame with columns ``user, playlist, track`` (String), plus
+    ``position`` (Int64) and ``track_name`` / ``artist_name`` (String) when present."""
+
+    frame: pl.DataFrame
+    path: str
+    format: str  # "csv", "tsv", "parquet", with "+gzip" when compressed
+    rows: int
+    checksum: str  # sha256 of the input bytes
+
+
+def detect_format(path: Path, head: bytes) -> tuple[str, bool]:
+    """(kind, gzipped) from the file's first bytes, then its name: kind is csv, tsv or parquet."""
+    gz = head.startswith(_GZIP_MAGIC)
+    if head.startswith(_PARQUET_MAGIC):
+        return "parquet", False
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in (".gz", ".gzip"):
+        suffixes = suffixes[:-1]
+    last = suffixes[-1] if suffixes else ""
+    if last in (".parquet", ".pq"):
+        return "parquet", gz
+    if last in (".tsv", ".tab"):
+        return "tsv", gz
+    if last == ".csv" or gz:
+        return "csv", gz
+    # no telling suffix: a tab in the first line means TSV
+    first_line = head.split(b"\n", 1)[0]
+    return ("tsv" if b"\t" in first_line and b"," not in first_line else "csv"), gz
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:200] + "...") if len(text) > 200 else (text or type(exc).__name__)
+
+
+class _Sha256Thread(threading.Thread):
+    """Hash the input bytes while Polars parses them (hashlib and zlib release the GIL); for a
+    gzip file also check that every member is complete, since a truncated stream can otherwise
+    parse as a shorter file."""
+
+    def __init__(self, path: Path, gz: bool) -> None:
+        super().__init__(daemon=True)
+        self.path, self.gz = path, gz
+        self.digest = ""
+        self.gzip_error: str | None = None
+
+    def run(self) -> None:
+        h = hashlib.sha256()
+        inflate = zlib.decompressobj(wbits=31) if self.gz else None
+        try:
+            with open(self.path, "rb") as fh:
+                while chunk := fh.read(1 << 22):
+                    h.update(chunk)
+                    while inflate is not None and chunk:
+                        inflate.decompress(chunk, 0)
+                        if inflate.eof:  # a member ended: more members may follow
+                            chunk = inflate.unused_data
+                            inflate = zlib.decompressobj(wbits=31) if chunk.strip(b"\0") else None
+                        else:
+                            chunk = b""
+                            # drop produced output; only integrity matters here
+            self.digest = h.hexdigest()
+            if inflate is not None and not inflate.eof:
+                self.gzip_error = "gzip stream ends early"
+        except zlib.error as exc:
+            self.gzip_error = f"corrupt gzip data: {exc}"
+        except OSError:  # reported by the reader too
+            pass
+
+
+def check_file(path: Path) -> bytes:
+    """Fail with one line when ``path`` is not a readable, non-empty file; return its head."""
+    if not path.exists():
+        raise MasrError(f"{path}: no such file")
+    if path.is_dir():
+        raise MasrError(f"{path}: is a directory, expected a CSV, TSV or Parquet file")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError as exc:
+        raise MasrError(f"{path}: cannot read ({exc.strerror or _one_line(exc)})") from None
+    if not head:
+        raise MasrError(f"{path}: empty file")
+    return head
+
+
+def read_interactions(path: str | Path, columns: Columns | None = None) -> RawInput:
+    """Read ``path`` and return its id columns (renamed to user/playlist/track) and extras."""
+    columns = columns or Columns()
+    path = Path(path)
+    head = check_file(path)
+    kind, gz = detect_format(path, head)
+    hasher = _Sha256Thread(path, gz)
+    hasher.start()
+    wanted = columns.as_dict()
+    try:
+        if kind == "parquet":
+            if gz:
+                raise MasrError(f"{path}: gzipped Parquet is not supported; decompress it first")
+            lf = pl.scan_parquet(path)
+        else:
+            lf = pl.scan_csv(
+                path,
+                separator="\t" if kind == "tsv" else ",",
+                infer_schema=False,  # every column as String: ids stay exactly as written
+                quote_char='"',
+            )
+        names = lf.collect_schema().names()
+        missing = [f"{v!r}" for v in wanted.values() if v not in names]
+        if missing:
+            option = {v: k for k, v in wanted.items()}
+            hint = ", ".join(f"--{option[m.strip(chr(39))]}-col" for m in missing)
+            found = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+            raise MasrError(
+                f"{path}: missing column {', '.join(missing)} (found: {found}); "
+                f"name the right one with {hint}"
+            )
+        select = [pl.col(v).cast(pl.String).alias(k) for k, v in wanted.items()]
+        taken = set(wanted.values())
+        if POSITION in names and POSITION not in taken:
+            select.append(pl.col(POSITION))
+        select += [pl.col(c).cast(pl.String) for c in SONG_EXTRAS if c in names and c not in taken]
+        frame = lf.select(select).collect()
+    except MasrError:
+        raise
+    except pl.exceptions.NoDataError:
+        raise MasrError(f"{path}: empty file (no header or data)") from None
+    except (pl.exceptions.ComputeError, OSError) as exc:
+        msg = _one_line(exc)
+        if "utf-8" in msg.lower() or "utf8" in msg.lower():
+            raise MasrError(f"{path}: not UTF-8 text ({msg})") from None
+        raise MasrError(f"{path}: unreadable or truncated file ({msg})") from None
+    except Exception as exc:  # polars raises several error types for malformed files
+        raise MasrError(f"{path}: unreadable or truncated file ({_one_line(exc)})") from None
+    finally:
+        hasher.join()
+
+    if hasher.gzip_error:
+        raise MasrError(f"{path}: unreadable or truncated file ({hasher.gzip_error})")
+    if frame.height == 0:
+        raise MasrError(f"{path}: no data rows (only a header)")
+    if POSITION in frame.columns:
+        frame = _positions(frame, path)
+    _check_ids(frame, path, wanted)
+    return RawInput(
+        frame=frame,
+        path=str(path),
+        format=kind + ("+gzip" if gz else ""),
+        rows=frame.height,
+        checksum=hasher.digest,
+    )
+
+
+def _positions(frame: pl.DataFrame, path: Path) -> pl.DataFrame:
+    col = frame[POSITION]
+    if col.dtype.is_integer():
+        return frame.with_columns(col.cast(pl.Int64))
+    as_int = col.cast(pl.String).str.strip_chars().cast(pl.Int64, strict=False)
+    bad = as_int.is_null() & col.is_not_null() & (col.cast(pl.String).str.strip_chars() != "")
+    if bad.any():
+        row = int(bad.arg_true()[0])
+        raise MasrError(
+            f"{path}: column 'position' holds a non-integer value {col[row]!r} "
+            f"(data row {row + 1}); fix it or drop the column"
+        )
+    return frame.with_columns(as_int.alias(POSITION))
+
+
+def _check_ids(frame: pl.DataFrame, path: Path, wanted: dict[str, str]) -> None:
+    """Null or blank ids are an error: naming the column and the first bad data row."""
+    bad = frame.select(
+        [(pl.col(k).is_null() | (pl.col(k).str.strip_chars() == "")).alias(k) for k in wanted]
+    )
+    counts = bad.sum().row(0)
+    for (key, name), n in zip(wanted.items(), counts, strict=False):
+        if n:
+            row = int(bad[key].arg_true()[0])
+            raise MasrError(
+                f"{path}: {n} row(s) have an empty {name!r} (first at data row {row + 1})"
+            )

@@ -1,0 +1,117 @@
+"""Shared helpers for the baselines (issue 5): entity choice, member matrices, memory checks.
+
+The closed-form baselines (pop, itemknn, ease, als) compute their state is computed by ``fit`` rather than by gradient steps, and some of it (a sparse
+similarity matrix, a V x V weight matrix) has a size known only after fitting. ``FittedBuffers``
+lets ``build_model`` rebuild such a model from a checkpoint: the named buffers take the shape of
+the tensors being loaded instead of failing ``load_state_dict``'s shape check.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from masr.errors import MasrError
+from masr.models.base import Batch
+
+
+# torch marks CSR tensors "beta" with a UserWarning on first use; the operations used here
+# (CSR @ dense, sampled_addmm, CSR @ CSR) are the stable core of it.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+
+Entity = Literal["user", "playlist"]
+ENTITIES = ("user", "playlist")
+
+
+def check_entity(model: str, entity: str) -> None:
+    """Refuse an unknown ``entity`` with a one-line MasrError naming the option."""
+    if entity not in ENTITIES:
+        raise MasrError(f"{model}: --entity must be 'user' or 'playlist', not {entity!r}")
+
+
+def entity_count(entity: str, n_users: int, n_playlists: int) -> int:
+    """Rows of the entity table: users (user -> song) or playlists (playlist -> song)."""
+    return n_users if entity == "user" else n_playlists
+
+
+def entity_index(entity: str, batch: Batch) -> Tensor:
+    """(B,) the batch's user or playlist indices, whichever the model is built on."""
+    return batch.users if entity == "user" else batch.playlists
+
+
+class FittedBuffers:
+    """Mixin for ``Recommender`` subclasses whose buffers are sized by ``fit``."""
+
+    #: Buffer names whose shape follows the loaded state dict.
+    resizable_buffers: ClassVar[tuple[str, ...]] = ()
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        for name in self.resizable_buffers:
+            loaded = state_dict.get(prefix + name)
+            if isinstance(loaded, Tensor):
+                # Re-registering keeps it a buffer; the copy in super() then fits exactly.
+                self.register_buffer(name, torch.empty_like(loaded))
+        super()._load_from_state_dict(state_dict, prefix, *args)  # type: ignore[misc]
+
+
+def member_indicator(batch: Batch, n_songs: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """(B, V) dense 0/1 matrix of each row's member songs (padding ignored, repeats counted once)."""
+    b = batch.members.shape[0]
+    out = torch.zeros(b, n_songs, dtype=dtype, device=batch.members.device)
+    # Padded slots add 0 (their mask is False), so they never mark song 0 as a member.
+    out.scatter_add_(1, batch.members, batch.member_mask.to(dtype))  # (B, V)
+    return out.clamp_(max=1)
+
+
+def member_indicator_sparse(batch: Batch, n_songs: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """(B, V) sparse CSR 0/1 matrix of each row's member songs (duplicates counted once)."""
+    rows = torch.arange(batch.members.shape[0], device=batch.members.device)
+    rows = rows[:, None].expand_as(batch.members)[batch.member_mask]  # (M,)
+    cols = batch.members[batch.member_mask]  # (M,)
+    values = torch.ones(rows.shape[0], dtype=dtype, device=rows.device)
+    coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), values, (batch.members.shape[0], n_songs))
+    coo = coo.coalesce()
+    coo = torch.sparse_coo_tensor(coo.indices(), coo.values().clamp(max=1), coo.shape).coalesce()
+    return coo.to_sparse_csr()
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free for one large allocation on ``device`` (GPU: free memory; CPU: MemAvailable)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 2**63 - 1  # unknown platform: do not refuse
+
+
+def gib(n_bytes: float) -> str:
+    """Human-readable size, e.g. ``'15.3 GiB'``."""
+    return f"{n_bytes / 2**30:.1f} GiB"
+
+
+def interaction_matrix(
+    rows: np.ndarray, songs: np.ndarray, n_rows: int, n_songs: int, device: torch.device,
+    *, binary: bool = True,
+) -> Tensor:
+    """(n_rows, V) sparse CSR float32 matrix with a 1 (or the count when ``binary=False``)
+    per (row, song) pair of training interactions."""
+    idx = torch.stack([torch.as_tensor(rows, dtype=torch.long), torch.as_tensor(songs, dtype=torch.long)])
+    vals = torch.ones(idx.shape[1], dtype=torch.float32)
+    coo = torch.sparse_coo_tensor(idx, vals, (n_rows, n_songs)).coalesce()
+    if binary:
+        coo = torch.sparse_coo_tensor(coo.indices(), torch.ones_like(coo.values()), coo.shape).coalesce()
+    return coo.to_sparse_csr().to(device)

@@ -1,0 +1,280 @@
+"""MASS: Mahalanobis distance-based Attentive Song Similarity recommender (section 4.2, eqs. 12-19).
+
+The paper's "us" variant: a personalised query built from the user and the candidate song is
+compared with the playlist's member songs, and the member distances are pooled with an attention
+computed from a separate embedding memory.
+
+    q      = ReLU(W1 [u; s_k] + b1)                                   (eq. 12)
+    d²_t   = |B3 ⊙ (q - s_t)|²           for member songs t             (eqs. 14-15)
+    q^(a)  = ReLU(W2 [u^(a); s_k^(a)] + b2)                           (eq. 16)
+    d²a_t  = |B4 ⊙ (q^(a) - s_t^(a))|²                                 (eq. 17)
+    α_t    = softmin_t(d²a_t) over the real members (padding masked)   (eq. 18)
+    o      = Σ_t α_t d²_t + b_{s_k}                                    (eq. 19, as a distance)
+
+The paper's eq. 19 writes o negated (a score); here o is a distance (lower = better) like MDR's
+eq. 11, so MASR's eq. 20 adds like with like. A row with no real member has no attention
+distribution: its MASS distance is defined as the song bias b_{s_k} alone (α = 0), which keeps it
+finite and ranks by popularity.
+
+Public API used by training and export (keep in sync with masr.export):
+    MASSConfig(dim=64, dropout=0.2, init_std=None, query_init="reference", dropout_mode="element")
+    MASS(config, n_users, n_playlists, n_songs)        (n_playlists unused: MASS has no playlist
+                                                        embedding; the playlist is its members)
+    MASS.distance(batch, songs (B, C)) -> (B, C)       members are gathered once per row and shared
+                                                        by the C candidates (positive + negatives)
+    MASS.full_distance(batch, chunk=2048) -> (B, V)    GEMM form; rows of the same user share the
+                                                        user-dependent query tensor
+    MASS.full_distance_from_vectors(u (B, d), u_att (B, d), members (B, L), member_mask (B, L),
+                                    chunk=2048) -> (B, V)
+        the export entry point: u / u_att are user vectors of the output and attention tables
+        (mean user vectors for an unknown user); members are song indices. The loop over song
+        chunks depends only on n_songs and chunk (static), never on tensor values; B and L are
+        dynamic.
+
+Initialisation: embeddings N(0, σ²) with σ = init_std or 1/dim; B3 = B4 = 1; song bias 0;
+query_init "reference" sets W1 = W2 = [-I | I] and b1 = b2 = 0 (the authors' choice: the query
+starts as ReLU(s_k - u), a song-centred query shifted by the user), "default" keeps PyTorch's
+nn.Linear init.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from masr.errors import MasrError
+from masr.models.base import Batch, ModelConfig, Recommender
+from masr.models.mdr import check_common, init_embedding, mahalanobis_sq
+
+QUERY_INITS = ("reference", "default")
+DROPOUT_MODES = ("element", "shared")
+
+
+@dataclass
+class MASSConfig(ModelConfig):
+    """MASS hyper-parameters."""
+
+    dim: int = 64  # embedding size d
+    dropout: float = 0.2  # on every scaled difference B ⊙ (q - s_t) before squaring, train only
+    init_std: float | None = None  # std of the embedding init; None = 1 / dim
+    query_init: str = "reference"  # W1, W2 init: "reference" = [-I | I], "default" = nn.Linear
+    # "element": a dropout mask per element of every B ⊙ (q - s_t) (the reference code);
+    # "shared": one mask per (row, candidate, dimension) shared by the members (GEMM form, fast)
+    dropout_mode: str = "element"
+
+    def __post_init__(self) -> None:
+        check_common("mass", self.dim, self.dropout, self.init_std)
+        if self.dropout_mode not in DROPOUT_MODES:
+            raise MasrError(
+                f"mass dropout_mode: {self.dropout_mode!r} is not one of {DROPOUT_MODES}"
+            )
+        if self.query_init not in QUERY_INITS:
+            raise MasrError(
+                f"mass config query_init: {self.query_init!r} is not one of {QUERY_INITS}"
+            )
+
+
+def masked_softmin(dist: Tensor, mask: Tensor) -> Tensor:
+    """Eq. 18: softmin of ``dist`` (..., L) over the slots where ``mask`` (broadcastable, bool) is
+    True. Padded slots get exactly 0; a row without any real slot gets all zeros (not NaN)."""
+    has_member = mask.any(-1, keepdim=True)  # (..., 1)
+    logits = (-dist).masked_fill(~mask, float("-inf"))
+    # A row with no real slot would be all -inf (softmax NaN): give it finite logits, then zero it.
+    logits = logits.masked_fill(~has_member, 0.0)
+    return torch.softmax(logits, dim=-1) * has_member
+
+
+def pairwise_mahalanobis_sq(q: Tensor, members: Tensor, metric: Tensor) -> Tensor:
+    """|B ⊙ (q_c - m_t)|² for queries ``q`` (B, C, d) and members (B, L, d) -> (B, C, L), in GEMM
+    form |B⊙q|² - 2 (B²⊙q)·m + |B⊙m|² (no (B, C, L, d) tensor; exact up to rounding)."""
+    w = metric.square()  # (d,)
+    q_norm = (q.square() @ w).unsqueeze(-1)  # (B, C, 1)
+    m_norm = (members.square() @ w).unsqueeze(-2)  # (B, 1, L)
+    cross = torch.bmm(q * w, members.transpose(1, 2))  # (B, C, L)
+    return (q_norm - 2.0 * cross + m_norm).clamp_min(0.0)
+
+
+def weighted_pairwise_sq(q: Tensor, members: Tensor, weights: Tensor) -> Tensor:
+    """Σ_j w_cj (q_cj - m_tj)² for queries ``q`` (B, C, d), members (B, L, d) and per-candidate
+    weights (B, C, d) -> (B, C, L), in GEMM form: |√w⊙q|² + [-2 w⊙q, w]·[m_t, m_t²] (one bmm)."""
+    q_norm = (weights * q.square()).sum(-1, keepdim=True)  # (B, C, 1)
+    lhs = torch.cat([-2.0 * weights * q, weights], dim=-1)  # (B, C, 2d)
+    rhs = torch.cat([members, members.square()], dim=-1)  # (B, L, 2d)
+    return (q_norm + torch.bmm(lhs, rhs.transpose(1, 2))).clamp_min(0.0)
+
+
+class MASS(Recommender):
+    """Attentive member-song distances with a separate attention memory (eqs. 12-19)."""
+
+    name = "mass"
+    config_class = MASSConfig
+    uses_members = True
+
+    def __init__(self, config: MASSConfig, n_users: int, n_playlists: int, n_songs: int):
+        super().__init__(config, n_users, n_playlists, n_songs)
+        d = config.dim
+        # output side (eqs. 12, 14, 19)
+        self.user_emb = nn.Embedding(n_users, d)  # U
+        self.song_emb = nn.Embedding(n_songs, d)  # S (target and member songs)
+        self.query = nn.Linear(2 * d, d)  # W1 (d x 2d, acting on [u; s_k]), b1
+        self.metric = nn.Parameter(torch.ones(d))  # B3
+        self.song_bias = nn.Embedding(n_songs, 1)  # b_s
+        # attention memory (eqs. 16-18); its song bias would cancel in the softmin, so none
+        self.att_user_emb = nn.Embedding(n_users, d)  # U^(a)
+        self.att_song_emb = nn.Embedding(n_songs, d)  # S^(a)
+        self.att_query = nn.Linear(2 * d, d)  # W2, b2
+        self.att_metric = nn.Parameter(torch.ones(d))  # B4
+        for emb in (self.user_emb, self.song_emb, self.att_user_emb, self.att_song_emb):
+            init_embedding(emb, d, config.init_std)
+        nn.init.zeros_(self.song_bias.weight)
+        if config.query_init == "reference":
+            with torch.no_grad():
+                for lin in (self.query, self.att_query):
+                    eye = torch.eye(d)
+                    lin.weight.copy_(torch.cat([-eye, eye], dim=1))  # [-I | I]
+                    lin.bias.zero_()
+
+    # -- pieces ---------------------------------------------------------------------------
+    @staticmethod
+    def _split(lin: nn.Linear) -> tuple[Tensor, Tensor]:
+        """W [u; s] = W_u u + W_s s: the (d, d) halves acting on the user and on the song."""
+        d = lin.out_features
+        return lin.weight[:, :d], lin.weight[:, d:]
+
+    def _queries(self, lin: nn.Linear, u: Tensor, s: Tensor) -> Tensor:
+        """Eqs. 12 / 16: ReLU(W [u; s] + b) for users ``u`` (B, d) and songs ``s`` (B, C, d)."""
+        w_u, w_s = self._split(lin)
+        return F.relu(F.linear(s, w_s, lin.bias) + F.linear(u, w_u).unsqueeze(1))  # (B, C, d)
+
+    def _member_dist(self, q: Tensor, members: Tensor, metric: Tensor) -> Tensor:
+        """Eqs. 14-15 / 17: (B, C, L) squared distances, queries (B, C, d) to members (B, L, d)."""
+        p_drop = self.config.dropout
+        if not (self.training and p_drop > 0):
+            return pairwise_mahalanobis_sq(q, members, metric)
+        if self.config.dropout_mode == "element":
+            # dropout on the scaled difference (reference code): needs the (B, C, L, d) tensor
+            diff = q.unsqueeze(2) - members.unsqueeze(1)  # (B, C, L, d)
+            return mahalanobis_sq(diff, metric, p_drop, True)
+        # "shared": one dropout mask per (row, candidate, dimension), shared by the L members:
+        # Σ_j (m_j/(1-p))² B_j² (q_j - s_tj)², still in GEMM form (no (B, C, L, d) tensor)
+        keep = torch.rand(q.shape, dtype=q.dtype, device=q.device) >= p_drop  # (B, C, d)
+        return weighted_pairwise_sq(q, members, metric.square() * keep / (1.0 - p_drop) ** 2)
+
+    def attention(self, batch: Batch, songs: Tensor) -> Tensor:
+        """(B, C, L) attention weights α (eqs. 16-18) of each candidate over the row's members."""
+        q_att = self._queries(
+            self.att_query, self.att_user_emb(batch.users), self.att_song_emb(songs)
+        )
+        d_att = self._member_dist(q_att, self.att_song_emb(batch.members), self.att_metric)
+        return masked_softmin(d_att, batch.member_mask.unsqueeze(1))
+
+    # -- the contract ---------------------------------------------------------------------
+    def distance(self, batch: Batch, songs: Tensor) -> Tensor:
+        """(B, C) MASS distances (eq. 19 as a distance) of each row's candidate ``songs``."""
+        # eq. 12: personalised query per candidate
+        q = self._queries(self.query, self.user_emb(batch.users), self.song_emb(songs))  # (B, C, d)
+        # eqs. 14-15: distances to the members, gathered once per row for all C candidates
+        d_out = self._member_dist(q, self.song_emb(batch.members), self.metric)  # (B, C, L)
+        alpha = self.attention(batch, songs)  # (B, C, L), eqs. 16-18
+        # eq. 19: o = Σ_t α_t d²(q, s_t) + b_{s_k}
+        return (alpha * d_out).sum(-1) + self.song_bias(songs).squeeze(-1)
+
+    def full_distance(self, batch: Batch, chunk: int = 256) -> Tensor:
+        """(B, V) eq. 19 against every catalog song, in GEMM form.
+
+        Rows of the same user share the user-dependent query tensors (eqs. 12, 16): they are
+        grouped (G users, up to R rows each) and scored by ``full_distance_grouped``."""
+        users = batch.users
+        uniq, group, counts = torch.unique(users, return_inverse=True, return_counts=True)
+        n_groups, n_rows = uniq.numel(), int(counts.max()) if users.numel() else 1
+        if (
+            n_groups * n_rows > 2 * users.numel()
+        ):  # too uneven: padding would cost more than sharing
+            uniq, group, n_rows = users, torch.arange(users.numel(), device=users.device), 1
+            n_groups = users.numel()
+        # slot of each row within its group: rank among the rows of the same user
+        order = torch.argsort(group, stable=True)  # rows sorted by group
+        starts = torch.searchsorted(group[order], group[order], right=False)  # (B,) first of group
+        slot = torch.empty_like(group)
+        slot[order] = torch.arange(users.numel(), device=users.device) - starts
+        n_slots = batch.members.shape[1]
+        members = batch.members.new_zeros(n_groups, n_rows, n_slots)
+        mask = batch.member_mask.new_zeros(n_groups, n_rows, n_slots)
+        members[group, slot] = batch.members
+        mask[group, slot] = batch.member_mask
+        out = self.full_distance_grouped(
+            self.user_emb(uniq), self.att_user_emb(uniq), members, mask, chunk=chunk
+        )  # (G, R, V)
+        return out[group, slot]
+
+    def full_distance_from_vectors(
+        self, u: Tensor, u_att: Tensor, members: Tensor, member_mask: Tensor, chunk: int = 1024
+    ) -> Tensor:
+        """(B, V) eq. 19 for user vectors ``u``, ``u_att`` (B, d) of the output and attention
+        tables, ``members`` (B, L) song indices and ``member_mask`` (B, L) bool: one row per
+        user (``full_distance_grouped`` with R = 1)."""
+        return self.full_distance_grouped(
+            u, u_att, members.unsqueeze(1), member_mask.unsqueeze(1), chunk=chunk
+        ).squeeze(1)
+
+    def full_distance_grouped(
+        self, u: Tensor, u_att: Tensor, members: Tensor, member_mask: Tensor, chunk: int = 1024
+    ) -> Tensor:
+        """(G, R, V) eq. 19 for G users with R playlists each: user vectors ``u``, ``u_att``
+        (G, d), ``members`` (G, R, L) song indices, ``member_mask`` (G, R, L) bool (a row with no
+        real member is padding, or a member-less playlist: it gets the song bias alone).
+
+        The queries (eqs. 12, 16) depend on the user and the song only, so per song chunk they
+        are built once per user, ReLU(W_u u + (S W_s^T + b)) (G, Vc, d), and compared with all
+        R·L member slots of that user in one batched GEMM. Expanding eqs. 14-15,
+        d²_t = |B3⊙q|² - 2 (B3²⊙q)·s_t + |B3⊙s_t|²; since Σ_t α_t = 1 the first term leaves
+        the attention sum, and |B4⊙q^(a)|² is constant over t so it cancels in the softmin
+        (eq. 18). Padded slots get -inf attention logits and zero output terms, so they never
+        change a score. The chunk loop depends on n_songs and ``chunk`` only (ONNX-traceable
+        with dynamic G, R, L)."""
+        n_groups, n_rows, n_slots = members.shape
+        w_out, w_att = self.metric.square(), self.att_metric.square()  # (d,)
+        w1_u, w1_s = self._split(self.query)
+        w2_u, w2_s = self._split(self.att_query)
+        flat = members.reshape(n_groups, n_rows * n_slots)  # (G, RL)
+        real = member_mask.reshape(n_groups, 1, n_rows * n_slots)  # (G, 1, RL)
+        has_member = member_mask.any(-1)  # (G, R)
+        # a row without members keeps finite logits (its α is then multiplied by zero terms)
+        open_slot = real | ~has_member.repeat_interleave(n_slots, dim=1).unsqueeze(1)  # (G, 1, RL)
+        m = self.song_emb(flat)  # (G, RL, d)
+        m_att = self.att_song_emb(flat)  # (G, RL, d)
+        zero = torch.zeros((), dtype=m.dtype, device=m.device)
+        # output side, zero at padded slots: B3²⊙s_t (G, d, RL) and |B3⊙s_t|² (G, 1, RL)
+        m_out_w = torch.where(real, (m * w_out).transpose(1, 2), zero)
+        m_out_norm = torch.where(real, (m.square() @ w_out).unsqueeze(1), zero)
+        # attention side: 2 B4²⊙s_t^(a) (G, d, RL) and |B4⊙s_t^(a)|², +inf at closed slots
+        m_att_w2 = (2.0 * m_att * w_att).transpose(1, 2)
+        inf = torch.full((), float("inf"), dtype=m.dtype, device=m.device)
+        m_att_norm = torch.where(open_slot, (m_att.square() @ w_att).unsqueeze(1), inf)
+        a_out = F.linear(u, w1_u).unsqueeze(1)  # (G, 1, d)  W1_u u
+        a_att = F.linear(u_att, w2_u).unsqueeze(1)  # (G, 1, d)  W2_u u^(a)
+        has = has_member.to(m.dtype).unsqueeze(1)  # (G, 1, R)
+        out = []
+        for start in range(0, self.n_songs, chunk):
+            stop = min(start + chunk, self.n_songs)
+            n = stop - start
+            # eq. 16: q^(a) = ReLU(W2_u u^(a) + W2_s s^(a) + b2)           (G, Vc, d)
+            c_att = F.linear(self.att_song_emb.weight[start:stop], w2_s, self.att_query.bias)
+            q_att = (a_att + c_att).relu_()
+            # eqs. 17-18: -d²a_t + |B4⊙q^(a)|² = 2 (B4²⊙q^(a))·s_t^(a) - |B4⊙s_t^(a)|²
+            logits = torch.baddbmm(m_att_norm, q_att, m_att_w2, beta=-1.0)  # (G, Vc, RL)
+            alpha = torch.softmax(logits.view(n_groups, n, n_rows, n_slots), dim=-1)
+            # eq. 12: q = ReLU(W1_u u + W1_s s_k + b1)                       (G, Vc, d)
+            c_out = F.linear(self.song_emb.weight[start:stop], w1_s, self.query.bias)
+            q = (a_out + c_out).relu_()
+            # eqs. 14-15 without |B3⊙q|²: |B3⊙s_t|² - 2 (B3²⊙q)·s_t    (G, Vc, R, L)
+            terms = torch.baddbmm(m_out_norm, q, m_out_w, alpha=-2.0)
+            pooled = (alpha * terms.view(n_groups, n, n_rows, n_slots)).sum(-1)  # (G, Vc, R)
+            q_norm = (q * q) @ w_out  # (G, Vc)  |B3⊙q|²
+            bias = self.song_bias.weight[start:stop]  # (Vc, 1)  b_{s_k}
+            # eq. 19: o = Σ_t α_t d²_t + b_{s_k}
+            out.append(pooled + q_norm.unsqueeze(-1) * has + bias)  # (G, Vc, R)
+        return torch.cat(out, dim=1).transpose(1, 2)  # (G, R, V)

@@ -1,0 +1,124 @@
+"""MDR: Mahalanobis Distance based Recommender (paper section 4.1, eqs. 10-11).
+
+    o_MDR(u, p, s) = |B1 ⊙ (u - s)|² + |B2 ⊙ (p - s)|² + θ_s          (eq. 11; lower = better)
+
+Public API used by training and export (keep in sync with masr.export):
+    MDRConfig(dim=64, dropout=0.2, init_std=None)
+    MDR(config, n_users, n_playlists, n_songs)
+    MDR.distance(batch, songs (B, C)) -> (B, C)                 training / sampled evaluation
+    MDR.full_distance(batch, chunk=8192) -> (B, V)              full ranking (GEMM form)
+    MDR.full_distance_from_vectors(u (B, d), p (B, d)) -> (B, V)
+        the export entry point: takes embedding *vectors*, so unknown users / playlists can be
+        folded in (mean user vector, mean of the member songs' playlist-side vectors ...). No
+        Python control flow depends on tensor values; B is dynamic.
+    mahalanobis_sq(diff (..., d), metric (d,), dropout) -> (...)   shared with MASS
+
+Initialisation (documented choice): embeddings N(0, σ²) with σ = init_std or 1/dim (the authors'
+code scales by the inverse of the dimension); metric vectors B1 = B2 = 1, i.e. training starts
+from the Euclidean distance the paper names as the special case of eq. 3 (the reference code
+draws B2 from uniform[0, 1), which halves the playlist term on average for no stated reason);
+song bias θ = 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from masr.errors import MasrError
+from masr.models.base import Batch, ModelConfig, Recommender
+
+
+@dataclass
+class MDRConfig(ModelConfig):
+    """MDR hyper-parameters."""
+
+    dim: int = 64  # embedding size d
+    dropout: float = 0.2  # on the scaled difference B ⊙ (x - y) before squaring, train mode only
+    init_std: float | None = None  # std of the embedding init; None = 1 / dim
+
+    def __post_init__(self) -> None:
+        check_common("mdr", self.dim, self.dropout, self.init_std)
+
+
+def check_common(model: str, dim: int, dropout: float, init_std: float | None) -> None:
+    """One-line MasrErrors for the settings MDR and MASS share (--dim, --dropout, init_std)."""
+    if int(dim) < 1:
+        raise MasrError(f"{model} --dim: must be >= 1, not {dim}")
+    if not 0.0 <= float(dropout) < 1.0:
+        raise MasrError(f"{model} --dropout: must be in [0, 1), not {dropout}")
+    if init_std is not None and not float(init_std) > 0:
+        raise MasrError(f"{model} init_std: must be > 0 (or None for 1/dim), not {init_std}")
+
+
+def mahalanobis_sq(
+    diff: Tensor, metric: Tensor, dropout: float = 0.0, training: bool = False
+) -> Tensor:
+    """Squared diagonal Mahalanobis distance |B ⊙ (x - y)|² (eq. 3, squared) over the last axis.
+
+    ``diff`` (..., d) is x - y, ``metric`` (d,) is B. As in the authors' code, dropout acts on the
+    scaled difference before squaring (train mode only)."""
+    scaled = diff * metric  # (..., d)
+    if training and dropout > 0:
+        scaled = F.dropout(scaled, dropout, training=True)
+    return scaled.square().sum(-1)  # (...)
+
+
+def init_embedding(emb: nn.Embedding, dim: int, init_std: float | None) -> None:
+    """N(0, σ²) with σ = init_std or 1/dim."""
+    nn.init.normal_(emb.weight, 0.0, init_std if init_std is not None else 1.0 / dim)
+
+
+class MDR(Recommender):
+    """User, playlist and song embeddings compared under two learned diagonal metrics (eq. 11)."""
+
+    name = "mdr"
+    config_class = MDRConfig
+    uses_members = False
+
+    def __init__(self, config: MDRConfig, n_users: int, n_playlists: int, n_songs: int):
+        super().__init__(config, n_users, n_playlists, n_songs)
+        d = config.dim
+        self.user_emb = nn.Embedding(n_users, d)  # u_i
+        self.playlist_emb = nn.Embedding(n_playlists, d)  # p_j
+        self.song_emb = nn.Embedding(n_songs, d)  # s_k
+        self.song_bias = nn.Embedding(n_songs, 1)  # θ_s (an embedding: APR perturbs it per row)
+        self.metric_user = nn.Parameter(torch.ones(d))  # B1
+        self.metric_playlist = nn.Parameter(torch.ones(d))  # B2
+        for emb in (self.user_emb, self.playlist_emb, self.song_emb):
+            init_embedding(emb, d, config.init_std)
+        nn.init.zeros_(self.song_bias.weight)
+
+    def distance(self, batch: Batch, songs: Tensor) -> Tensor:
+        """(B, C) MDR distances, eq. 11, of each row's (user, playlist) to its candidate songs."""
+        p_drop = self.config.dropout
+        u = self.user_emb(batch.users).unsqueeze(1)  # (B, 1, d)
+        p = self.playlist_emb(batch.playlists).unsqueeze(1)  # (B, 1, d)
+        s = self.song_emb(songs)  # (B, C, d)
+        # eq. 11: o = |B1 ⊙ (u - s)|² + |B2 ⊙ (p - s)|² + θ_s
+        o_us = mahalanobis_sq(u - s, self.metric_user, p_drop, self.training)  # (B, C)
+        o_ps = mahalanobis_sq(p - s, self.metric_playlist, p_drop, self.training)  # (B, C)
+        return o_us + o_ps + self.song_bias(songs).squeeze(-1)
+
+    def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
+        """(B, V) eq. 11 against every catalog song, in GEMM form (one (B, d) x (d, V) product;
+        ``chunk`` is unused: the whole catalog fits one product)."""
+        return self.full_distance_from_vectors(
+            self.user_emb(batch.users), self.playlist_emb(batch.playlists)
+        )
+
+    def full_distance_from_vectors(self, u: Tensor, p: Tensor) -> Tensor:
+        """(B, V) eq. 11 for user vectors ``u`` (B, d) and playlist vectors ``p`` (B, d).
+
+        Expanded: |B1⊙(u-s)|² + |B2⊙(p-s)|² = |B1⊙u|² + |B2⊙p|² - 2 (B1²⊙u + B2²⊙p)·s
+        + (B1² + B2²)·s², so the only per-row work is one GEMM with the song table."""
+        w1, w2 = self.metric_user.square(), self.metric_playlist.square()  # (d,)
+        songs = self.song_emb.weight  # (V, d)
+        # per-song constant: (B1² + B2²)·s² + θ_s
+        song_term = songs.square() @ (w1 + w2) + self.song_bias.weight.squeeze(-1)  # (V,)
+        row_term = u.square() @ w1 + p.square() @ w2  # (B,)
+        cross = (u * w1 + p * w2) @ songs.T  # (B, V)
+        return row_term.unsqueeze(1) - 2.0 * cross + song_term.unsqueeze(0)

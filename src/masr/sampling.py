@@ -1,0 +1,199 @@
+"""Training examples on the training device: negatives, member lists and batches.
+
+Everything here is tensor code over the CSR layout of the training interactions (rows sorted by
+playlist, then song), so sampling runs where training runs and never loops per example.
+
+* Negatives (eq. 21's k^-) are drawn *exactly* uniformly from the songs outside the playlist's
+  training songs by inverting the complement's rank: with the playlist's songs sorted,
+  m_0 < m_1 < ..., the r-th non-member is ``r + #{i : m_i - i <= r}``; one ``searchsorted`` over
+  the global key ``playlist * V + (m_i - i)`` answers that count for a whole batch. No rejection
+  rounds, no Python loop, and it stays exact for playlists that hold most of the catalog.
+* Members (MASS's s_t, eq. 15-19) of a training row are the playlist's training songs minus the
+  row's own (positive) song, capped at ``max_members`` by uniform sampling without replacement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from masr.dataset import PreparedData
+from masr.errors import MasrError
+from masr.models.base import Batch
+
+
+@dataclass
+class TrainingIndex:
+    """The training interactions on one device, with the keys the samplers search."""
+
+    user: Tensor  # (N,) long, owner of each row's playlist
+    playlist: Tensor  # (N,) long, sorted ascending
+    song: Tensor  # (N,) long, ascending within each playlist
+    indptr: Tensor  # (P+1,) long CSR offsets
+    keys: Tensor  # (N,) long playlist * V + song, strictly ascending
+    rank_keys: Tensor  # (N,) long playlist * V + (song - rank in playlist), non-decreasing
+    playlist_user: Tensor  # (P,) long
+    n_songs: int
+    max_length: int  # longest training playlist
+
+    @classmethod
+    def from_data(cls, data: PreparedData, device: torch.device | str = "cpu") -> TrainingIndex:
+        """Move ``data``'s training CSR to ``device`` and build the search keys."""
+        v = data.n_songs
+        playlist = torch.as_tensor(data.train_playlist, dtype=torch.long, device=device)
+        song = torch.as_tensor(data.train_song, dtype=torch.long, device=device)
+        indptr = torch.as_tensor(data.indptr, dtype=torch.long, device=device)
+        lengths = indptr[1:] - indptr[:-1]  # (P,)
+        if playlist.numel() == 0:
+            raise MasrError(f"{data.path}: no training interactions")
+        full = int((lengths >= v).sum())
+        if full:
+            raise MasrError(
+                f"{data.path}: {full} playlist(s) hold every catalog song; no negatives to sample"
+            )
+        rank = torch.arange(playlist.numel(), device=device) - indptr[playlist]  # (N,)
+        playlist_user = torch.as_tensor(data.playlist_user, dtype=torch.long, device=device)
+        return cls(
+            user=playlist_user[playlist],
+            playlist=playlist,
+            song=song,
+            indptr=indptr,
+            keys=playlist * v + song,
+            rank_keys=playlist * v + (song - rank),
+            playlist_user=playlist_user,
+            n_songs=v,
+            max_length=int(lengths.max()),
+        )
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.playlist.numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self.playlist.device
+
+    def lengths(self, playlists: Tensor) -> Tensor:
+        """(B,) number of training songs of each playlist."""
+        return self.indptr[playlists + 1] - self.indptr[playlists]
+
+
+def is_training_pair(index: TrainingIndex, playlists: Tensor, songs: Tensor) -> Tensor:
+    """Bool tensor shaped like ``songs``: is (playlist, song) a training interaction?
+
+    ``playlists`` broadcasts against ``songs`` (e.g. (B, 1) against (B, K))."""
+    query = playlists * index.n_songs + songs
+    pos = torch.searchsorted(index.keys, query).clamp_(max=index.n_rows - 1)
+    return index.keys[pos] == query
+
+
+def sample_negatives(
+    index: TrainingIndex, playlists: Tensor, n: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """(B, n) songs drawn uniformly (with replacement) from the catalog songs that are *not*
+    among each playlist's training songs (eq. 21's negatives k^-)."""
+    b = playlists.shape[0]
+    v = index.n_songs
+    free = (v - index.lengths(playlists)).unsqueeze(1)  # (B, 1) songs outside the playlist
+    u = torch.rand((b, n), generator=generator, device=index.device)
+    r = torch.minimum((u * free).long(), free - 1)  # (B, n) rank among the non-members
+    base = (playlists * v).unsqueeze(1)  # (B, 1)
+    # members m_i with m_i - i <= r: each one shifts the r-th non-member one song up.
+    below = torch.searchsorted(index.rank_keys, base + r, right=True)  # (B, n)
+    return r + (below - index.indptr[playlists].unsqueeze(1))
+
+
+def _gather_members(
+    index: TrainingIndex, start: Tensor, offsets: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Songs at ``start + offsets`` where ``mask`` holds, 0 in padded slots."""
+    flat = (start.unsqueeze(1) + offsets).clamp_(0, index.n_rows - 1)  # (B, L)
+    members = torch.where(mask, index.song[flat], torch.zeros_like(flat))
+    return members, mask
+
+
+def sample_members(
+    index: TrainingIndex,
+    rows: Tensor,
+    max_members: int,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Member songs of training rows ``rows`` (B,): the playlist's other training songs.
+
+    Returns ``members`` (B, L) and ``member_mask`` (B, L) with L = min(max_members, the longest
+    list in the batch), at least 1. Lists longer than ``max_members`` are a uniform sample
+    without replacement; real members come first, padding (song 0, mask False) after."""
+    playlists = index.playlist[rows]  # (B,)
+    start = index.indptr[playlists]  # (B,)
+    others = index.lengths(playlists) - 1  # (B,) members besides the positive
+    own = rows - start  # (B,) the positive's offset inside its playlist
+    longest = int(others.max()) if rows.numel() else 0
+    width = max(1, min(max_members, longest))
+    slots = torch.arange(width, device=index.device)  # (L,)
+    if longest <= max_members:
+        offsets = slots.expand(rows.shape[0], width)  # (B, L) every member, in order
+    else:
+        # Uniform sample without replacement: the `width` smallest of random keys, where slots
+        # past a row's length get key 2 (> any uniform draw) so real members come first.
+        keys = torch.rand((rows.shape[0], longest), generator=generator, device=index.device)
+        keys.masked_fill_(torch.arange(longest, device=index.device) >= others.unsqueeze(1), 2.0)
+        offsets = keys.topk(width, dim=1, largest=False, sorted=True).indices  # (B, L)
+    mask = slots.unsqueeze(0) < others.clamp(max=width).unsqueeze(1)  # (B, L)
+    offsets = offsets + (offsets >= own.unsqueeze(1)).long()  # skip the positive itself
+    return _gather_members(index, start, offsets, mask)
+
+
+def playlist_members(
+    index: TrainingIndex, playlists: Tensor, max_members: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """All training songs of each playlist (evaluation and export): (B, L) members and mask,
+    L = the longest list in the batch (at least 1), optionally capped at ``max_members``
+    (keeping the first songs, deterministic)."""
+    start = index.indptr[playlists]  # (B,)
+    lengths = index.lengths(playlists)  # (B,)
+    longest = int(lengths.max()) if playlists.numel() else 0
+    if max_members is not None:
+        longest = min(longest, max_members)
+    width = max(1, longest)
+    slots = torch.arange(width, device=index.device)
+    mask = slots.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
+    return _gather_members(index, start, slots.expand(playlists.shape[0], width), mask)
+
+
+def training_batch(
+    index: TrainingIndex,
+    rows: Tensor,
+    *,
+    uses_members: bool,
+    max_members: int,
+    generator: torch.Generator | None = None,
+) -> Batch:
+    """The model input for training rows ``rows`` (B,); members only when the model reads
+    them (otherwise an all-padding (B, 1) list, so no time is spent building it)."""
+    playlists = index.playlist[rows]
+    if uses_members:
+        members, mask = sample_members(index, rows, max_members, generator)
+    else:
+        members = torch.zeros((rows.shape[0], 1), dtype=torch.long, device=index.device)
+        mask = torch.zeros((rows.shape[0], 1), dtype=torch.bool, device=index.device)
+    return Batch(users=index.user[rows], playlists=playlists, members=members, member_mask=mask)
+
+
+def context_batch(
+    index: TrainingIndex, playlists: Tensor, *, uses_members: bool = True
+) -> Batch:
+    """The model input for scoring songs for whole playlists (evaluation): every training song
+    of the playlist is a member."""
+    if uses_members:
+        members, mask = playlist_members(index, playlists)
+    else:
+        members = torch.zeros((playlists.shape[0], 1), dtype=torch.long, device=index.device)
+        mask = torch.zeros((playlists.shape[0], 1), dtype=torch.bool, device=index.device)
+    return Batch(
+        users=index.playlist_user[playlists],
+        playlists=playlists,
+        members=members,
+        member_mask=mask,
+    )

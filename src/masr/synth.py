@@ -1,0 +1,419 @@
+"""The embedded dataset: a deterministic, realistic synthetic playlist generator.
+
+The world it simulates:
+
+* a catalog of songs by artists; each artist plays one *theme* (a genre or mood), and song
+  popularity follows a power law (a few hits, a long tail);
+* users with one to three favourite themes and a handful of favourite artists;
+* playlists that follow one of their user's themes, often around two "focus" artists, with some
+  noise (songs from anywhere in the catalog, drawn by popularity).
+
+So a playlist's held-out song is predictable from its other songs (same theme, same artists),
+from its user (favourite artists) and, weakly, from popularity alone: a good model clearly beats
+popularity, as on real playlist data. Everything is vectorised over playlists and generated in
+chunks of users, so the 30M-row benchmark input is made in bounded memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from masr.atomic import atomic_path
+from masr.errors import MasrError
+
+#: Columns of the generated table, in order.
+COLUMNS = ("user_id", "playlist_id", "track_id", "position", "track_name", "artist_name")
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """Size and shape of the synthetic world. Defaults give the embedded dataset."""
+
+    users: int = 1000
+    seed: int = 0
+    playlists_per_user: float = 5.0  # mean; each user has 1 + Poisson(mean - 1)
+    songs_per_playlist: float = 14.0  # mean playlist length (5 + negative binomial), before dedup
+    max_playlist_songs: int = 60
+    songs_per_user: float = 2.5  # catalog size = users * songs_per_user (at least 200 songs)
+    songs_per_artist: float = 10.0
+    themes: int | None = None  # default: about 0.63 * sqrt(users), at least 4
+    popularity_exponent: float = 0.9  # song weight ~ rank ** -exponent
+    favourite_artists: int = 4  # per user
+    share_favourite: float = 0.25  # song from one of the user's favourite artists
+    share_focus: float = 0.30  # song from one of the playlist's two focus artists
+    share_noise: float = 0.08  # song from anywhere (by popularity); the rest: the theme
+    names: bool = True  # add track_name / artist_name columns
+
+    def validate(self) -> None:
+        if self.users < 1:
+            raise MasrError(f"--users must be at least 1 (got {self.users})")
+        if self.playlists_per_user < 1:
+            raise MasrError("playlists_per_user must be at least 1")
+        if not 5 <= self.songs_per_playlist <= self.max_playlist_songs:
+            raise MasrError("songs_per_playlist must lie between 5 and max_playlist_songs")
+        shares = self.share_favourite + self.share_focus + self.share_noise
+        if min(self.share_favourite, self.share_focus, self.share_noise) < 0 or shares > 1:
+            raise MasrError("song source shares must be non-negative and sum to at most 1")
+
+    @property
+    def n_songs(self) -> int:
+        return max(200, round(self.users * self.songs_per_user))
+
+    @property
+    def n_artists(self) -> int:
+        return max(8, round(self.n_songs / self.songs_per_artist))
+
+    @property
+    def n_themes(self) -> int:
+        if self.themes is not None:
+            return max(1, self.themes)
+        return max(4, round(0.63 * math.sqrt(self.users)))
+
+
+@dataclass(frozen=True)
+class _Segments:
+    """Weighted sampling inside groups: group g's items own the interval [g, g+1)."""
+
+    order: np.ndarray  # (n,) item ids sorted by group
+    cum: np.ndarray  # (n,) group + cumulative normalised weight, increasing
+    size: np.ndarray  # (G,) items per group
+
+    @classmethod
+    def build(cls, group: np.ndarray, weight: np.ndarray, n_groups: int) -> _Segments:
+        order = np.argsort(group, kind="stable")
+        g = group[order]
+        w = weight[order].astype(np.float64)
+        total = np.bincount(g, weights=w, minlength=n_groups)
+        start = np.zeros(n_groups + 1, dtype=np.int64)
+        np.cumsum(np.bincount(g, minlength=n_groups), out=start[1:])
+        cw = np.cumsum(w)
+        before = np.concatenate([[0.0], cw])[start[:-1]]  # (G,) weight before each group
+        within = (cw - before[g]) / np.where(total[g] > 0, total[g], 1.0)
+        return cls(order=order, cum=g + np.minimum(within, 1.0), size=np.diff(start))
+
+    def sample(self, groups: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One item per entry of ``groups`` (any shape), drawn by weight within that group."""
+        u = groups + rng.random(groups.shape) * (1 - 1e-12)
+        idx = np.searchsorted(self.cum, u.ravel(), side="right")
+        return self.order[np.minimum(idx, len(self.order) - 1)].reshape(groups.shape)
+
+
+@dataclass(frozen=True)
+class _World:
+    song_artist: np.ndarray  # (V,) artist of each song
+    artist_theme: np.ndarray  # (A,) theme of each artist
+    theme_weight: np.ndarray  # (T,) how many users like each theme
+    songs_by_theme: _Segments
+    songs_anywhere: _Segments
+    songs_by_artist: _Segments
+    artists_by_theme: _Segments
+    song_weight: np.ndarray  # (V,)
+
+
+def _world(cfg: SynthConfig, rng: np.random.Generator) -> _World:
+    n_songs, n_artists, n_themes = cfg.n_songs, cfg.n_artists, cfg.n_themes
+    artist_theme = rng.integers(0, n_themes, n_artists)
+    artist_theme[:n_themes] = np.arange(min(n_themes, n_artists))  # every theme has an artist
+    # artists' catalog sizes vary (geometric-ish); every artist has at least one song
+    song_artist = np.concatenate(
+        [
+            np.arange(n_artists),
+            rng.choice(n_artists, n_songs - n_artists, p=_zipf(n_artists, 0.5, rng)),
+        ]
+    )
+    song_artist = song_artist[rng.permutation(n_songs)]
+    song_weight = _zipf(n_songs, cfg.popularity_exponent, rng)  # power-law popularity
+    artist_weight = np.bincount(song_artist, weights=song_weight, minlength=n_artists)
+    return _World(
+        song_artist=song_artist,
+        artist_theme=artist_theme,
+        theme_weight=_zipf(n_themes, 0.5, rng),
+        songs_by_theme=_Segments.build(artist_theme[song_artist], song_weight, n_themes),
+        songs_anywhere=_Segments.build(np.zeros(n_songs, dtype=np.int64), song_weight, 1),
+        songs_by_artist=_Segments.build(song_artist, song_weight, n_artists),
+        artists_by_theme=_Segments.build(artist_theme, artist_weight, n_themes),
+        song_weight=song_weight,
+    )
+
+
+def _zipf(n: int, exponent: float, rng: np.random.Generator) -> np.ndarray:
+    """(n,) probabilities ~ rank ** -exponent over a random ranking."""
+    w = np.arange(1, n + 1, dtype=np.float64) ** -exponent
+    w = w[rng.permutation(n)]
+    return w / w.sum()
+
+
+def _users_chunk(
+    cfg: SynthConfig, world: _World, first_user: int, n_users: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """Playlists of users first_user .. first_user+n_users-1 as flat (row,) arrays."""
+    n_themes = len(world.theme_weight)
+    # users: up to three taste themes with decreasing weight, 1 + Binomial(2, 0.4) of them
+    slots = rng.choice(n_themes, (n_users, 3), p=world.theme_weight)  # (U, 3)
+    n_slots = 1 + rng.binomial(2, 0.4, n_users)
+    slot_w = np.array([1.0, 0.5, 0.3])[None, :] * (np.arange(3)[None, :] < n_slots[:, None])
+    slot_p = slot_w / slot_w.sum(axis=1, keepdims=True)
+    fav_slot = (rng.random((n_users, cfg.favourite_artists, 1)) > slot_p.cumsum(1)[:, None, :]).sum(
+        -1
+    )
+    fav_slot = np.minimum(fav_slot, 2)
+    favourites = world.artists_by_theme.sample(
+        np.take_along_axis(slots, fav_slot, 1), rng
+    )  # (U, F)
+
+    # playlists: 1 + Poisson(mean - 1) per user, each on one of its user's themes
+    n_pl = 1 + rng.poisson(cfg.playlists_per_user - 1, n_users)
+    owner = np.repeat(np.arange(n_users), n_pl)  # (P,) local user index
+    n_playlists = len(owner)
+    pick = (rng.random((n_playlists, 1)) > slot_p[owner].cumsum(1)).sum(1)
+    theme = slots[owner, np.minimum(pick, 2)]  # (P,)
+    focus = world.artists_by_theme.sample(np.stack([theme, theme], 1), rng)  # (P, 2)
+    extra = cfg.songs_per_playlist - 5
+    length = 5 + rng.negative_binomial(2, 2 / (2 + extra), n_playlists)  # mean songs_per_playlist
+    length = np.minimum(length, cfg.max_playlist_songs)
+
+    # candidate songs, ~1.5x the length per playlist, flat (M,): each comes from one source;
+    # then each playlist keeps its first `length` distinct candidates, in draw order
+    n_cand = 2 * length + 4  # (P,)
+    row = np.repeat(np.arange(n_playlists), n_cand)  # (M,) playlist of each candidate
+    src = rng.random(len(row))
+    cut = np.cumsum([cfg.share_favourite, cfg.share_focus, cfg.share_noise])
+    song = np.empty(len(row), dtype=np.int64)
+    fav, focus_pick = src < cut[0], (src >= cut[0]) & (src < cut[1])
+    noise, from_theme = (src >= cut[1]) & (src < cut[2]), src >= cut[2]
+    artist = favourites[owner[row[fav]], rng.integers(0, cfg.favourite_artists, fav.sum())]
+    song[fav] = world.songs_by_artist.sample(artist, rng)
+    artist = focus[row[focus_pick], rng.integers(0, 2, focus_pick.sum())]
+    song[focus_pick] = world.songs_by_artist.sample(artist, rng)
+    song[noise] = world.songs_anywhere.sample(np.zeros(noise.sum(), dtype=np.int64), rng)
+    song[from_theme] = world.songs_by_theme.sample(theme[row[from_theme]], rng)
+
+    key = row * len(world.song_weight) + song
+    order = np.argsort(key, kind="stable")  # equal keys keep draw order
+    dup = np.empty(len(key), dtype=bool)
+    dup[order] = np.r_[False, key[order][1:] == key[order][:-1]]  # a later copy of a draw
+    fresh = ~dup
+    ends = np.cumsum(n_cand)
+    seen = np.cumsum(fresh)  # (M,) fresh candidates up to here, counted from the start
+    before = np.r_[0, seen[ends[:-1] - 1]]  # (P,) fresh candidates in earlier playlists
+    rank = seen - np.repeat(before, n_cand)  # 1-based rank of a fresh candidate in its row
+    keep = fresh & (rank <= length[row])
+    rows, song, position = row[keep], song[keep], rank[keep] - 1
+    return {
+        "user": first_user + owner[rows],
+        "playlist_local": rows,
+        "n_playlists": np.array([n_playlists]),
+        "song": song,
+        "position": position,
+    }
+
+
+_ARTIST_A = np.array(
+    [
+        "The",
+        "Velvet",
+        "Neon",
+        "Paper",
+        "Silver",
+        "Midnight",
+        "Golden",
+        "Electric",
+        "Lonely",
+        "Crimson",
+        "Hollow",
+        "Wild",
+        "Quiet",
+        "Broken",
+        "Café",
+        "Northern",
+        "Little",
+        "Glass",
+    ]
+)
+_ARTIST_B = np.array(
+    [
+        "Owls",
+        "Rivers",
+        "Machines",
+        "Hearts",
+        "Foxes",
+        "Signals",
+        "Saints",
+        "Tigers",
+        "Lights",
+        "Ghosts",
+        "Pilots",
+        "Sisters",
+        "Wolves",
+        "Dreamers",
+        "Øresund",
+        "Harbours",
+        "Kids",
+        "Echoes",
+    ]
+)
+_TRACK_A = np.array(
+    [
+        "Summer",
+        "Falling",
+        "Blue",
+        "Last",
+        "Running",
+        "Golden",
+        "Slow",
+        "Burning",
+        "Empty",
+        "Sweet",
+        "Cold",
+        "Electric",
+        "Silent",
+        "Lost",
+        "Señorita",
+        "Heavy",
+        "Tender",
+        "Wild",
+    ]
+)
+_TRACK_B = np.array(
+    [
+        "Love",
+        "Night",
+        "Road",
+        "Heart",
+        "Rain",
+        "Fire",
+        "Dance",
+        "Home",
+        "Light",
+        "Train",
+        "Song",
+        "Dreams",
+        "Days",
+        "City",
+        "Ocean",
+        "Stars",
+        "Waves",
+        "Sky",
+    ]
+)
+_TRACK_C = np.array(["", "", "", "", "", " (Live)", ", Pt. 2", ' "Remastered"', " - Radio Edit"])
+
+
+def _song_table(cfg: SynthConfig, world: _World) -> pl.DataFrame:
+    """track_id, track_name, artist_name for every song of the catalog (deterministic)."""
+    rng = np.random.default_rng([cfg.seed, 7])
+    n_songs, n_artists = len(world.song_artist), len(world.artist_theme)
+    width = len(str(n_songs))
+    artist = (
+        pl.Series(_ARTIST_A[rng.integers(0, len(_ARTIST_A), n_artists)])
+        + " "
+        + pl.Series(_ARTIST_B[rng.integers(0, len(_ARTIST_B), n_artists)])
+        + " "
+        + pl.Series(np.arange(n_artists)).cast(pl.String)
+    )
+    track = (
+        pl.Series(_TRACK_A[rng.integers(0, len(_TRACK_A), n_songs)])
+        + " "
+        + pl.Series(_TRACK_B[rng.integers(0, len(_TRACK_B), n_songs)])
+        + pl.Series(_TRACK_C[rng.integers(0, len(_TRACK_C), n_songs)])
+    )
+    return pl.DataFrame(
+        {
+            "track_id": pl.Series(np.arange(n_songs)).cast(pl.String).str.zfill(width),
+            "track_name": track,
+            "artist_name": artist.gather(world.song_artist),
+        }
+    ).with_columns(("t" + pl.col("track_id")).alias("track_id"))
+
+
+def iter_synthesize(cfg: SynthConfig, chunk_users: int = 50_000) -> Iterator[pl.DataFrame]:
+    """The synthetic table in chunks of users (same rows as :func:`synthesize`, for any chunk
+    size given the same config). Columns: :data:`COLUMNS` (names only when ``cfg.names``)."""
+    cfg.validate()
+    world = _world(cfg, np.random.default_rng([cfg.seed, 1]))
+    songs = _song_table(cfg, world) if cfg.names else None
+    u_width, p_width = len(str(cfg.users)), len(str(int(cfg.users * cfg.playlists_per_user * 2)))
+    first_playlist = 0
+    block = 1000  # users per random stream: the output does not depend on chunk_users
+    chunk_users = max(block, chunk_users // block * block)
+    for first in range(0, cfg.users, chunk_users):
+        parts = []
+        for b in range(first, min(first + chunk_users, cfg.users), block):
+            n = min(block, cfg.users - b)
+            part = _users_chunk(cfg, world, b, n, np.random.default_rng([cfg.seed, 2, b]))
+            parts.append(
+                pl.DataFrame(
+                    {
+                        "user": part["user"].astype(np.int64),
+                        "playlist": (first_playlist + part["playlist_local"]).astype(np.int64),
+                        "song": part["song"].astype(np.int64),
+                        "position": part["position"].astype(np.int32),
+                    }
+                )
+            )
+            first_playlist += int(part["n_playlists"][0])
+        df = pl.concat(parts)
+        out = df.select(
+            ("u" + pl.col("user").cast(pl.String).str.zfill(u_width)).alias("user_id"),
+            ("p" + pl.col("playlist").cast(pl.String).str.zfill(p_width)).alias("playlist_id"),
+            pl.col("song"),
+            pl.col("position"),
+        )
+        if songs is not None:
+            out = out.with_columns(
+                songs["track_id"].gather(out["song"]).alias("track_id"),
+                songs["track_name"].gather(out["song"]).alias("track_name"),
+                songs["artist_name"].gather(out["song"]).alias("artist_name"),
+            )
+        else:
+            width = len(str(len(world.song_artist)))
+            out = out.with_columns(
+                ("t" + pl.col("song").cast(pl.String).str.zfill(width)).alias("track_id")
+            )
+        yield out.select([c for c in COLUMNS if c in out.columns])
+
+
+def synthesize(cfg: SynthConfig | None = None) -> pl.DataFrame:
+    """The whole synthetic table (see the module docstring) as one DataFrame."""
+    return pl.concat(list(iter_synthesize(cfg or SynthConfig())))
+
+
+def write_synthetic(path: str | Path, cfg: SynthConfig | None = None) -> int:
+    """Write the synthetic table to ``path`` (Parquet for .parquet/.pq, TSV for .tsv, gzip
+    for a .gz suffix, CSV otherwise), atomically. Returns the number of rows."""
+    cfg = cfg or SynthConfig()
+    path = Path(path)
+    if path.is_dir():
+        raise MasrError(f"{path}: is a directory; --out needs a file name such as playlists.csv")
+    suffixes = [s.lower() for s in path.suffixes]
+    gz = bool(suffixes) and suffixes[-1] == ".gz"
+    kind = suffixes[-2] if gz and len(suffixes) > 1 else (suffixes[-1] if suffixes else ".csv")
+    rows = 0
+    with atomic_path(path) as tmp:
+        if kind in (".parquet", ".pq"):
+            if gz:
+                raise MasrError(f"{path}: Parquet is compressed already; drop the .gz suffix")
+            df = synthesize(cfg)
+            df.write_parquet(tmp)
+            return df.height
+        sep = "\t" if kind in (".tsv", ".tab") else ","
+        opener = _gzip_writer if gz else open
+        with opener(tmp, "wb") as fh:
+            header = True
+            for chunk in iter_synthesize(cfg):
+                chunk.write_csv(fh, separator=sep, include_header=header)
+                header = False
+                rows += chunk.height
+    return rows
+
+
+def _gzip_writer(path: Path, mode: str):  # noqa: ANN202 - a file object
+    import gzip
+
+    return gzip.open(path, mode, compresslevel=6)

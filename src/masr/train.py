@@ -1,0 +1,380 @@
+"""Gradient training of any trainable ``Recommender``: BPR (eq. 21) and APR (eqs. 22-24).
+
+The loop knows the model only through the contract in ``masr.models.base``: it samples a batch
+of training rows, their negatives and (for models that read them) member lists on the training
+device, asks ``model.distance`` for the positive and negative distances, and minimises
+
+    BPR  (eq. 21):  softplus(o+ - o-) = -log sigmoid(o- - o+)     (model.loss == "bpr")
+    hinge (CML):    relu(margin + o+ - o-)                          (model.loss == "hinge")
+
+averaged over the batch, against either the hardest (closest) of the ``neg`` negatives
+(``neg_mode="hardest"``, as the authors' code) or every (positive, negative) pair
+(``neg_mode="pairs"``). The L2 term lambda * ||Theta||^2 of eq. 21 enters as the gradient
+2 * lambda * Theta of the parameters a step touches (Adam's coupled weight decay; for embedding
+tables only the rows in the batch).
+
+APR adds lambda_delta * L(Theta + delta) with delta from ``masr.adversarial`` (eq. 24),
+recomputed for every batch from the current parameters.
+
+Embedding tables are trained with row-sparse gradients and a lazy Adam (moments and weights of
+rows outside the batch stay untouched), which keeps a step's cost proportional to the batch
+instead of to the catalog; see docs/training.md for the measurements.
+
+Every epoch ends with validation (sampled protocol, hit@10 then ndcg@10), ``best.pt`` when it
+improved and ``last.pt`` (optimiser and RNG state, for ``resume``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from masr.adversarial import fast_gradient_deltas, noise_scales, perturbed
+from masr.checkpoint import save_checkpoint
+from masr.dataset import PreparedData
+from masr.errors import MasrError
+from masr.evaluate import better, evaluate_model
+from masr.models.base import Batch, Recommender
+from masr.runs import AdversarialConfig, TrainConfig
+from masr.sampling import TrainingIndex, sample_negatives, training_batch
+from masr.seed import set_seed
+
+__all__ = [
+    "AdversarialConfig",
+    "LazyAdam",
+    "TrainConfig",
+    "TrainProgress",
+    "TrainResult",
+    "ranking_loss",
+    "resolve_device",
+    "train_model",
+]
+
+class TrainProgress:
+    """Progress hooks; the CLI draws rich bars with them. The default does nothing."""
+
+    def start(self, title: str, epochs: int, steps: int, first_epoch: int) -> None:
+        """A phase begins: ``epochs`` epochs of ``steps`` steps, starting at ``first_epoch``."""
+
+    def step(self, done: int, loss: float) -> None:
+        """``done`` steps of the current epoch finished; ``loss`` is their running mean."""
+
+    def epoch(self, record: dict[str, Any]) -> None:
+        """An epoch finished: ``record`` as stored in the history (loss, valid metrics, ...)."""
+
+    def finish(self) -> None:
+        """The phase ended (finished, stopped early or interrupted)."""
+
+
+@dataclass
+class TrainResult:
+    best_epoch: int
+    best_valid: dict[str, float]
+    history: list[dict[str, Any]]
+    stopped_early: bool
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class LazyAdam(torch.optim.Optimizer):
+    """Adam that updates only the rows present in a sparse gradient (dense gradients: plain Adam).
+
+    ``weight_decay`` is coupled (added to the gradient, as torch.optim.Adam) and, for sparse
+    gradients, applied to the touched rows only. State is plain tensors, so ``state_dict`` goes
+    into a weights_only checkpoint."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float64)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                t = float(state["step"])
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                step_size = lr / (1 - b1**t)
+                root_bc2 = math.sqrt(1 - b2**t)
+                grad = p.grad
+                if grad.is_sparse:
+                    grad = grad.coalesce()
+                    rows, g = grad.indices()[0], grad.values()  # (R,), (R, ...)
+                    if wd:
+                        g = g + wd * p.index_select(0, rows)
+                    m_rows = m.index_select(0, rows).mul_(b1).add_(g, alpha=1 - b1)
+                    v_rows = v.index_select(0, rows).mul_(b2).addcmul_(g, g, value=1 - b2)
+                    m.index_copy_(0, rows, m_rows)
+                    v.index_copy_(0, rows, v_rows)
+                    denom = v_rows.sqrt_().div_(root_bc2).add_(eps)
+                    p.index_add_(0, rows, m_rows.div_(denom).mul_(-step_size))
+                else:
+                    if wd:
+                        grad = grad.add(p, alpha=wd)
+                    m.mul_(b1).add_(grad, alpha=1 - b1)
+                    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+                    denom = v.sqrt().div_(root_bc2).add_(eps)
+                    p.addcdiv_(m, denom, value=-step_size)
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` (CUDA when present), ``cpu`` or ``cuda``; MasrError when CUDA is missing."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise MasrError(f"--device {device}: no CUDA device is available (use --device cpu)")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise MasrError(f"--device must be auto, cpu or cuda, not {device!r}")
+    return torch.device(device)
+
+
+def ranking_loss(
+    model: Recommender, batch: Batch, positives: Tensor, negatives: Tensor, neg_mode: str
+) -> Tensor:
+    """Mean eq. 21 (or hinge) loss of positives (B,) against negatives (B, K)."""
+    songs = torch.cat([positives.unsqueeze(1), negatives], dim=1)  # (B, 1+K)
+    o = model.distance(batch, songs)  # (B, 1+K) distances, lower = better
+    o_pos, o_neg = o[:, :1], o[:, 1:]  # (B, 1), (B, K)
+    if neg_mode == "hardest":
+        o_neg = o_neg.min(dim=1, keepdim=True).values  # (B, 1) the closest negative
+    diff = o_pos - o_neg  # (B, K') we want o- > o+
+    if model.loss == "hinge":
+        margin = float(getattr(model.config, "margin", 1.0))
+        return F.relu(margin + diff).mean()
+    return F.softplus(diff).mean()  # eq. 21: -log sigmoid(o- - o+)
+
+
+def _set_sparse(model: nn.Module, sparse: bool) -> None:
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            module.sparse = sparse
+
+
+def _optimizers(model: Recommender, config: TrainConfig) -> list[torch.optim.Optimizer]:
+    """Lazy Adam for the embedding tables (row-sparse gradients), Adam for the rest."""
+    tables = model.embedding_tables() if config.sparse else set()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    sparse = [p for n, p in named if n in tables]
+    dense = [p for n, p in named if n not in tables]
+    wd = 2 * config.reg  # d/dtheta of lambda * ||theta||^2
+    opts: list[torch.optim.Optimizer] = []
+    if sparse:
+        opts.append(LazyAdam(sparse, lr=config.lr, weight_decay=wd))
+    if dense:
+        opts.append(torch.optim.Adam(dense, lr=config.lr, weight_decay=wd, foreach=True))
+    return opts
+
+
+def _rng_state(generator: torch.Generator) -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "sampler": generator.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _load_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    generator.set_state(state["sampler"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def train_model(
+    model: Recommender,
+    data: PreparedData,
+    config: TrainConfig,
+    *,
+    device: torch.device | str = "cpu",
+    run_dir: str | Path | None = None,
+    adversarial: AdversarialConfig | None = None,
+    resume: dict[str, Any] | None = None,
+    progress: TrainProgress | None = None,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    extras: dict[str, Any] | None = None,
+    title: str | None = None,
+) -> TrainResult:
+    """Train ``model`` in place with BPR (or APR when ``adversarial`` is given).
+
+    ``run_dir`` receives ``best.pt`` (the best validation epoch) and ``last.pt`` (every epoch,
+    with optimiser and RNG state); ``resume`` is a loaded ``last.pt`` to continue from;
+    ``extras`` is stored in both checkpoints. The model ends holding its best weights."""
+    config.validate()
+    if adversarial is not None:
+        adversarial.validate()
+    if not model.trainable:
+        raise MasrError(f"--model {model.name}: not trained by gradient descent (it has fit())")
+    device = torch.device(device)
+    progress = progress or TrainProgress()
+    extras = dict(extras or {})
+    run_dir = Path(run_dir) if run_dir is not None else None
+
+    # CPU kernels used here are deterministic already; use_deterministic_algorithms would only
+    # slow CUDA down (and costs seconds of imports), so it stays off.
+    set_seed(config.seed, deterministic=False)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(config.seed)
+    index = TrainingIndex.from_data(data, device)
+    model.to(device)
+    _set_sparse(model, config.sparse)
+    optimizers = _optimizers(model, config)
+
+    history: list[dict[str, Any]] = []
+    best_epoch, best_valid, bad_epochs, first_epoch = 0, {}, 0, 1
+    best_state: dict[str, Tensor] | None = None
+    elapsed = 0.0
+    if resume is not None:
+        model.load_state_dict(resume["state_dict"])
+        for opt, state in zip(optimizers, resume["optimizer"], strict=True):
+            opt.load_state_dict(state)
+        _load_rng_state(resume["rng"], generator)
+        history = list(resume["history"])
+        best_epoch, best_valid = int(resume["best_epoch"]), dict(resume["best_valid"])
+        bad_epochs, first_epoch = int(resume["bad_epochs"]), int(resume["epoch"]) + 1
+        elapsed = float(resume.get("seconds", 0.0))
+
+    n_rows = index.n_rows
+    steps = math.ceil(n_rows / config.batch_size)
+    scales: dict[str, Tensor] = {}
+    stopped_early = config.patience > 0 and bad_epochs >= config.patience
+    progress.start(title or model.name, config.epochs, steps, first_epoch)
+    try:
+        for epoch in range(first_epoch, config.epochs + 1):
+            if stopped_early:
+                break
+            t0 = time.perf_counter()
+            model.train()
+            if adversarial is not None:
+                # s(Theta) of eq. 23-24, from the parameters as this epoch starts
+                scales = noise_scales(model, adversarial.eps, adversarial.noise)
+            order = torch.randperm(n_rows, generator=generator, device=device)  # (N,)
+            total = torch.zeros((), device=device)
+            for step in range(steps):
+                rows = order[step * config.batch_size : (step + 1) * config.batch_size]  # (B,)
+                batch = training_batch(
+                    index,
+                    rows,
+                    uses_members=model.uses_members,
+                    max_members=config.max_members,
+                    generator=generator,
+                )
+                positives = index.song[rows]  # (B,)
+                negatives = sample_negatives(index, batch.playlists, config.neg, generator)
+                for opt in optimizers:
+                    opt.zero_grad(set_to_none=True)
+                loss = ranking_loss(model, batch, positives, negatives, config.neg_mode)
+                loss.backward()
+                if adversarial is not None and adversarial.reg_adv > 0:
+                    deltas = fast_gradient_deltas(model, scales)  # eq. 24, delta from 0
+                    with perturbed(model, deltas):
+                        adv = ranking_loss(model, batch, positives, negatives, config.neg_mode)
+                        (adversarial.reg_adv * adv).backward()  # eq. 23's second term
+                    loss = loss + adversarial.reg_adv * adv.detach()
+                for opt in optimizers:
+                    opt.step()
+                model.after_step()
+                total += loss.detach()
+                if (step + 1) % 25 == 0 or step + 1 == steps:
+                    progress.step(step + 1, float(total) / (step + 1))
+            train_seconds = time.perf_counter() - t0
+            mean_loss = float(total) / steps
+            if not math.isfinite(mean_loss):
+                raise MasrError(
+                    f"training diverged at epoch {epoch} (loss {mean_loss}); try a smaller --lr"
+                )
+            t1 = time.perf_counter()
+            valid = evaluate_model(
+                model, data, "valid", device=device, protocols=("sampled",), index=index
+            )["sampled"]
+            record = {
+                "epoch": epoch,
+                "loss": mean_loss,
+                "valid": {"hit@10": valid["hit@10"], "ndcg@10": valid["ndcg@10"]},
+                "train_seconds": round(train_seconds, 3),
+                "valid_seconds": round(time.perf_counter() - t1, 3),
+            }
+            elapsed += time.perf_counter() - t0
+            improved = best_epoch == 0 or better(valid, best_valid)
+            if improved:
+                best_epoch, best_valid, bad_epochs = epoch, valid, 0
+                if run_dir is None:  # otherwise best.pt holds them
+                    best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            else:
+                bad_epochs += 1
+            record["best"] = improved
+            history.append(record)
+            meta = {
+                **extras,
+                "train_config": config.to_dict(),
+                "adversarial": adversarial.to_dict() if adversarial else None,
+                "history": history,
+                "best_epoch": best_epoch,
+                "best_valid": best_valid,
+                "seconds": elapsed,
+            }
+            if run_dir is not None:
+                if improved:
+                    save_checkpoint(
+                        run_dir / "best.pt",
+                        model,
+                        data_fingerprint=data.fingerprint,
+                        epoch=epoch,
+                        valid=valid,
+                        **meta,
+                    )
+                save_checkpoint(
+                    run_dir / "last.pt",
+                    model,
+                    data_fingerprint=data.fingerprint,
+                    epoch=epoch,
+                    valid=valid,
+                    optimizer=[opt.state_dict() for opt in optimizers],
+                    rng=_rng_state(generator),
+                    bad_epochs=bad_epochs,
+                    **meta,
+                )
+            progress.epoch(record)
+            if on_epoch is not None:
+                on_epoch(record)
+            stopped_early = config.patience > 0 and bad_epochs >= config.patience
+    finally:
+        progress.finish()
+        _set_sparse(model, False)
+
+    # leave the model holding its best weights
+    if run_dir is not None and (run_dir / "best.pt").is_file():
+        from masr.checkpoint import load_checkpoint
+
+        model.load_state_dict(load_checkpoint(run_dir / "best.pt")["state_dict"])
+    elif best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    return TrainResult(
+        best_epoch=best_epoch,
+        best_valid=best_valid,
+        history=history,
+        stopped_early=stopped_early,
+        seconds=elapsed,
+    )

@@ -1,0 +1,160 @@
+"""`masr prep` and `masr synth` through Typer's CliRunner."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from masr.dataset import load_prepared
+from masr_cli.main import app
+
+runner = CliRunner()
+
+
+def _ok(args: list[str]):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    return result
+
+
+def test_prep_embedded_dataset_prints_table1_on_stderr(tmp_path):
+    out = tmp_path / "data"
+    result = _ok(["prep", "--out", str(out), "--users", "60", "--negatives", "20"])
+    assert result.stdout == ""  # data only on stdout: prep has none
+    for label in (
+        "# of users",
+        "# of playlists",
+        "# of interactions",
+        "density",
+        "songs per playlist",
+    ):
+        assert label in result.stderr
+    d = load_prepared(out)
+    assert d.n_users == 60 and d.valid.negatives.shape[1] == 20
+    assert json.loads((out / "manifest.json").read_text())["checksum"] == "synthetic:0:60"
+
+
+def test_synth_then_prep_file_with_options(tmp_path):
+    src = tmp_path / "mine.csv.gz"
+    _ok(["synth", "--out", str(src), "--users", "50", "--seed", "2"])
+    df = pl.read_csv(gzip.open(src), infer_schema=False)
+    assert df["user_id"].n_unique() == 50
+    renamed = tmp_path / "renamed.tsv"
+    df.rename({"user_id": "owner", "playlist_id": "pid", "track_id": "uri"}).write_csv(
+        renamed, separator="\t"
+    )
+    out = tmp_path / "data"
+    _ok(
+        [
+            "prep",
+            str(renamed),
+            "--out",
+            str(out),
+            "--user-col",
+            "owner",
+            "--playlist-col",
+            "pid",
+            "--track-col",
+            "uri",
+            "--min-songs",
+            "6",
+            "--min-song-playlists",
+            "2",
+            "--max-playlist-songs",
+            "30",
+            "--max-user-playlists",
+            "8",
+            "--seed",
+            "1",
+            "--negatives",
+            "10",
+        ]
+    )
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["columns"] == {"user": "owner", "playlist": "pid", "track": "uri"}
+    assert (m["min_songs"], m["min_song_playlists"], m["max_playlist_songs"]) == (6, 2, 30)
+    assert (m["max_user_playlists"], m["seed"], m["negatives"]) == (8, 1, 10)
+    assert m["input"]["format"] == "tsv"
+
+
+def test_synth_parquet_matches_embedded_prep(tmp_path):
+    src = tmp_path / "s.parquet"
+    _ok(["synth", "--out", str(src), "--users", "40"])
+    _ok(["prep", str(src), "--out", str(tmp_path / "a"), "--negatives", "5"])
+    _ok(["prep", "--users", "40", "--out", str(tmp_path / "b"), "--negatives", "5"])
+    for name in ("playlists", "songs", "train", "test"):
+        a = pl.read_parquet(tmp_path / "a" / f"{name}.parquet")
+        b = pl.read_parquet(tmp_path / "b" / f"{name}.parquet")
+        assert a.equals(b), name
+
+
+def _fails(args: list[str], *needles: str) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    err = lines[-1]  # progress logs may come first; the error is one last line
+    assert err.startswith("masr: error: "), result.stderr
+    assert sum("error" in line for line in lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def _truncated_gzip() -> bytes:
+    rows = "".join(f"u{i % 7},p{i % 300},t{i * 7919 % 10007}\n" for i in range(20_000))
+    data = gzip.compress(("user_id,playlist_id,track_id\n" + rows).encode())
+    return data[: len(data) - 1000]
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda t: str(t / "missing.csv"), "no such file"),
+        (lambda t: str(t), "is a directory"),
+        (lambda t: _write(t / "empty.csv", b""), "empty file"),
+        (lambda t: _write(t / "cut.csv.gz", _truncated_gzip()), "truncated"),
+        (
+            lambda t: _write(t / "cols.csv", b"user,playlist_id,track_id\nu,p,t\n"),
+            "missing column 'user_id'",
+        ),
+        (
+            lambda t: _write(t / "null.csv", b"user_id,playlist_id,track_id\nu,,t\n"),
+            "empty 'playlist_id'",
+        ),
+        (
+            lambda t: _write(t / "few.csv", b"user_id,playlist_id,track_id\nu,p,t1\nu,p,t2\n"),
+            "nothing left",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_file(tmp_path, make, needle):
+    path = make(tmp_path)
+    _fails(["prep", path, "--out", str(tmp_path / "out")], path, needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_options(tmp_path):
+    _fails(["prep", "--min-songs", "2", "--out", str(tmp_path / "o")], "--min-songs")
+    src = tmp_path / "s.csv"
+    _ok(["synth", "--out", str(src), "--users", "5"])
+    _fails(["prep", str(src), "--users", "5", "--out", str(tmp_path / "o")], "--users")
+    _fails(["synth", "--out", str(tmp_path), "--users", "5"], "is a directory")
+
+
+def test_help_teaches():
+    result = runner.invoke(app, ["prep", "--help"])
+    assert result.exit_code == 0
+    for option in ("--user-col", "--min-songs", "--max-user-playlists", "--negatives", "--users"):
+        assert option in result.stdout
+    assert "k-core" in result.stdout
+    assert "--out" in runner.invoke(app, ["synth", "--help"]).stdout

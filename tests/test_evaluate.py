@@ -1,0 +1,188 @@
+"""Evaluation protocols on hand-made distances (masr.evaluate)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+
+from masr.dataset import Cases, PreparedData
+from masr.evaluate import (
+    COLUMNS,
+    NOT_YET_RUN,
+    comparison_rows,
+    evaluate_model,
+    metric_names,
+    metrics_from_ranks,
+    plot_hit_curves,
+    run_order,
+)
+from masr.models.base import Batch, ModelConfig, Recommender
+
+
+@dataclass
+class TableConfig(ModelConfig):
+    pass
+
+
+class TableModel(Recommender):
+    """Distances read from a fixed (P, V) table: D[playlist, song]."""
+
+    name = "table"
+    config_class = TableConfig
+    trainable = False
+
+    def __init__(self, table: Tensor):
+        super().__init__(TableConfig(), 1, table.shape[0], table.shape[1])
+        self.register_buffer("table", table.float())
+
+    def distance(self, batch: Batch, songs: Tensor) -> Tensor:
+        return self.table[batch.playlists.unsqueeze(1), songs]
+
+    def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
+        return self.table[batch.playlists]
+
+
+def data_with(
+    train: list[list[int]], n_songs: int, test_song: list[int], negatives: list[list[int]]
+) -> PreparedData:
+    lengths = np.array([len(p) for p in train], dtype=np.int64)
+    indptr = np.zeros(len(train) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    k = max(len(n) for n in negatives)
+    neg = np.full((len(negatives), k), -1, dtype=np.int64)
+    for i, n in enumerate(negatives):
+        neg[i, : len(n)] = n
+    p = np.arange(len(train), dtype=np.int64)
+    cases = Cases(playlist=p, user=np.zeros_like(p), song=np.asarray(test_song), negatives=neg)
+    return PreparedData(
+        path=Path("mem"),
+        manifest={"fingerprint": "x"},
+        n_users=1,
+        n_playlists=len(train),
+        n_songs=n_songs,
+        playlist_user=np.zeros(len(train), dtype=np.int64),
+        train_playlist=np.repeat(p, lengths),
+        train_song=np.concatenate([np.sort(t) for t in map(np.asarray, train)]),
+        indptr=indptr,
+        valid=cases,
+        test=cases,
+    )
+
+
+def test_metrics_from_ranks_by_hand() -> None:
+    m = metrics_from_ranks(np.array([0, 1, 4, 10]))
+    assert list(m) == metric_names()
+    assert m["hit@1"] == 0.25 and m["hit@2"] == 0.5 and m["hit@5"] == 0.75 and m["hit@10"] == 0.75
+    assert m["ndcg@1"] == pytest.approx(0.25)
+    assert m["ndcg@10"] == pytest.approx((1 + 1 / math.log2(3) + 1 / math.log2(6)) / 4)
+    assert metrics_from_ranks(np.array([], dtype=np.int64))["hit@10"] == 0.0
+
+
+def test_sampled_protocol_ties_count_against_and_padding_is_ignored() -> None:
+    # playlist 0: held-out song 5 at distance 1.0; negatives 1 (0.5, better), 2 (1.0, a tie),
+    # 3 (2.0); padding -1 would be song 0 at distance 0.0 if it were not ignored.
+    table = torch.tensor([[0.0, 0.5, 1.0, 2.0, 9.0, 1.0, 9.0]])
+    data = data_with([[4, 6]], 7, [5], [[1, 2, 3, -1]])
+    m = evaluate_model(TableModel(table), data, protocols=("sampled",))["sampled"]
+    assert m["hit@2"] == 0.0 and m["hit@3"] == 1.0  # rank 2: one better, one tie
+    assert m["ndcg@3"] == pytest.approx(1 / math.log2(4))
+
+
+def test_constant_model_never_hits() -> None:
+    data = data_with([[0], [1]], 30, [5, 6], [list(range(10, 30)), list(range(10, 20))])
+    result = evaluate_model(TableModel(torch.zeros(2, 30)), data)
+    assert result["sampled"]["hit@10"] == 0.0
+    assert result["full"]["hit@10"] == 0.0
+
+
+def test_full_protocol_excludes_training_songs_only() -> None:
+    # playlist 0 trains on songs 0 and 1 (the two closest: ignored); held-out song 4 at 3.0;
+    # song 2 is closer (counts), song 3 ties (counts), song 5 is further.
+    table = torch.tensor([[0.0, 1.0, 2.0, 3.0, 3.0, 5.0]])
+    data = data_with([[0, 1]], 6, [4], [[5]])
+    full = evaluate_model(TableModel(table), data, protocols=("full",))["full"]
+    assert full["hit@2"] == 0.0 and full["hit@3"] == 1.0
+    sampled = evaluate_model(TableModel(table), data, protocols=("sampled",))["sampled"]
+    assert sampled["hit@1"] == 1.0
+
+
+def test_nan_distance_is_the_worst() -> None:
+    table = torch.tensor([[0.0, 1.0, float("nan"), 2.0]])
+    data = data_with([[0]], 4, [2], [[1, 3]])
+    result = evaluate_model(TableModel(table), data)
+    assert result["sampled"]["hit@2"] == 0.0 and result["full"]["hit@2"] == 0.0
+
+
+def test_full_ranking_batches_agree() -> None:
+    rng = np.random.default_rng(0)
+    n_play, v = 23, 40
+    train = [
+        sorted(rng.choice(v, size=rng.integers(1, 6), replace=False).tolist())
+        for _ in range(n_play)
+    ]
+    test = [int(rng.choice(np.setdiff1d(np.arange(v), t))) for t in train]
+    negs = [
+        np.setdiff1d(np.arange(v), t + [s])[:10].tolist()
+        for t, s in zip(train, test, strict=True)
+    ]
+    data = data_with(train, v, test, negs)
+    table = torch.as_tensor(rng.integers(0, 5, size=(n_play, v)))  # many ties
+    from masr.evaluate import full_ranks, sampled_ranks
+    from masr.sampling import TrainingIndex
+
+    index = TrainingIndex.from_data(data)
+    model = TableModel(table)
+    for fn in (full_ranks, sampled_ranks):
+        assert np.array_equal(fn(model, data.test, index, 4), fn(model, data.test, index, 100))
+    # slow obvious reference for the full protocol
+    ranks = full_ranks(model, data.test, index)
+    for i in range(n_play):
+        d = table[i].numpy()
+        others = [s for s in range(v) if s not in train[i] and s != test[i]]
+        assert ranks[i] == sum(d[s] <= d[test[i]] for s in others)
+
+
+def _res(h: float, n: float) -> dict[str, dict[str, float]]:
+    m = dict.fromkeys(metric_names(), 0.0) | {"hit@10": h, "ndcg@10": n}
+    return {"sampled": m, "full": {**m, "hit@10": h / 10, "ndcg@10": n / 10}}
+
+
+def test_comparison_rows_follow_table_2() -> None:
+    results = {
+        "amasr": _res(0.6, 0.4),
+        "mdr": _res(0.5, 0.3),
+        "pop": _res(0.4, 0.2),
+        "cml": _res(0.5, 0.25),
+    }
+    rows = comparison_rows(results)
+    labels = [(r.group, r.run) for r in rows]
+    assert labels[0] == ("baseline", "cml")  # paper order: (b) CML before NeuMF++
+    assert ("baseline", "neumf") in labels
+    assert {r.run for r in rows if r.values is None} == set(NOT_YET_RUN)
+    assert [r.run for r in rows if r.group == "ours"] == ["mdr", "amasr"]
+    (imp,) = [r for r in rows if r.group == "improvement"]
+    assert imp.run == "amasr"
+    assert imp.values == pytest.approx([20.0, 60.0, 20.0, 60.0])  # vs cml hit, cml ndcg
+    assert len(imp.values) == len(COLUMNS)
+
+
+def test_no_improvement_rows_without_baselines() -> None:
+    rows = comparison_rows({"masr": _res(0.5, 0.3)})
+    assert not [r for r in rows if r.group == "improvement"]
+
+
+def test_run_order() -> None:
+    order = run_order(["amasr", "zzz", "mdr", "pop", "mfbpr"])
+    assert order == ["mfbpr", "pop", "zzz", "mdr", "amasr"]
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = plot_hit_curves({"mdr": _res(0.5, 0.3)}, tmp_path / "hits.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,159 @@
+"""Reading inputs: formats, real-export quirks, column options and one-line errors."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+
+import polars as pl
+import pytest
+
+from masr.errors import MasrError
+from masr.io import Columns, read_interactions
+
+ROWS = [("u1", "p1", "t1"), ("u1", "p1", "t2"), ("u2", "p2", "t1")]
+
+
+def _frame() -> pl.DataFrame:
+    return pl.DataFrame(ROWS, schema=["user_id", "playlist_id", "track_id"], orient="row")
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [
+        ("in.csv", "csv"),
+        ("in.tsv", "tsv"),
+        ("in.csv.gz", "csv+gzip"),
+        ("in.tsv.gz", "tsv+gzip"),
+        ("in.parquet", "parquet"),
+        ("in.data", "csv"),
+    ],
+)
+def test_formats(tmp_path, name, fmt):
+    path = tmp_path / name
+    df = _frame()
+    if fmt == "parquet":
+        df.write_parquet(path)
+    else:
+        text = df.write_csv(separator="\t" if fmt.startswith("tsv") else ",")
+        data = text.encode()
+        path.write_bytes(gzip.compress(data) if "gzip" in fmt else data)
+    raw = read_interactions(path)
+    assert raw.format == fmt and raw.rows == 3
+    assert raw.frame.select("user", "playlist", "track").rows() == ROWS
+    assert raw.checksum == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_real_export_quirks_bom_crlf_quotes_newlines_unicode(tmp_path):
+    text = (
+        "\ufeffuser_id,playlist_id,track_id,track_name,position\r\n"
+        '7,"p,1",spotify:track:4uLU6hMCjMI75M1A2tKUQC,"He said ""hi"", then\r\nleft",0\r\n'
+        '7,"p,1",ünïcødé-ид,plain,1\r\n'
+        "08,p2,0042,x,2\r\n"
+    )
+    path = tmp_path / "export.csv"
+    path.write_bytes(text.encode("utf-8"))
+    raw = read_interactions(path)
+    f = raw.frame
+    assert f["user"].to_list() == ["7", "7", "08"]  # ids stay strings, leading zeros kept
+    assert f["playlist"].to_list() == ["p,1", "p,1", "p2"]
+    assert f["track"].to_list() == ["spotify:track:4uLU6hMCjMI75M1A2tKUQC", "ünïcødé-ид", "0042"]
+    assert f["track_name"][0] == 'He said "hi", then\r\nleft'
+    assert f["position"].to_list() == [0, 1, 2]
+
+
+def test_column_options_rename(tmp_path):
+    path = tmp_path / "in.csv"
+    pl.DataFrame(
+        {"owner": ["a", "a"], "pid": ["1", "1"], "uri": ["x", "y"], "other": [1, 2]}
+    ).write_csv(path)
+    raw = read_interactions(path, Columns(user="owner", playlist="pid", track="uri"))
+    assert raw.frame.columns == ["user", "playlist", "track"]
+    assert raw.frame["track"].to_list() == ["x", "y"]
+
+
+def test_parquet_integer_ids_become_strings(tmp_path):
+    path = tmp_path / "ints.parquet"
+    pl.DataFrame(
+        {"user_id": [1, 2], "playlist_id": [10, 20], "track_id": [5, 6], "position": [0, 1]}
+    ).write_parquet(path)
+    raw = read_interactions(path)
+    assert raw.frame["track"].to_list() == ["5", "6"]
+    assert raw.frame["position"].dtype == pl.Int64
+
+
+def _error(path, columns=None) -> str:
+    with pytest.raises(MasrError) as info:
+        read_interactions(path, columns)
+    msg = str(info.value)
+    assert "\n" not in msg and str(path) in msg
+    return msg
+
+
+def test_missing_file(tmp_path):
+    assert "no such file" in _error(tmp_path / "nope.csv")
+
+
+def test_directory(tmp_path):
+    assert "is a directory" in _error(tmp_path)
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "empty.csv"
+    path.write_bytes(b"")
+    assert "empty file" in _error(path)
+
+
+def test_header_only(tmp_path):
+    path = tmp_path / "header.csv"
+    path.write_text("user_id,playlist_id,track_id\n")
+    assert "no data rows" in _error(path)
+
+
+def test_empty_gzip(tmp_path):
+    path = tmp_path / "empty.csv.gz"
+    path.write_bytes(gzip.compress(b""))
+    assert "empty" in _error(path)
+
+
+@pytest.mark.parametrize("cut", [4, 8, 100, 0.5])
+def test_truncated_gzip(tmp_path, cut):
+    rows = "".join(f"u{i % 7},p{i % 300},t{i * 7919 % 10007}\n" for i in range(5000))
+    data = gzip.compress(("user_id,playlist_id,track_id\n" + rows).encode())
+    n = int(len(data) * cut) if isinstance(cut, float) else len(data) - cut
+    path = tmp_path / "cut.csv.gz"
+    path.write_bytes(data[:n])  # cut 4 or 8: only the trailer (CRC, size) is missing
+    assert "unreadable or truncated" in _error(path)
+
+
+def test_truncated_parquet(tmp_path):
+    path = tmp_path / "cut.parquet"
+    _frame().write_parquet(path)
+    path.write_bytes(path.read_bytes()[:-20])
+    assert "unreadable or truncated" in _error(path)
+
+
+def test_not_utf8(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("user_id,playlist_id,track_id\nu,p,caf\xe9\n".encode("latin-1"))
+    assert "UTF-8" in _error(path)
+
+
+def test_missing_column_names_the_option(tmp_path):
+    path = tmp_path / "in.csv"
+    pl.DataFrame({"user_id": ["a"], "pid": ["1"], "track_id": ["x"]}).write_csv(path)
+    msg = _error(path)
+    assert "'playlist_id'" in msg and "--playlist-col" in msg and "pid" in msg
+
+
+def test_null_ids(tmp_path):
+    path = tmp_path / "nulls.csv"
+    path.write_text("user_id,playlist_id,track_id\nu,p,t1\nu,p,\nu,p,  \n")
+    msg = _error(path)
+    assert "2 row(s) have an empty 'track_id'" in msg and "data row 2" in msg
+
+
+def test_bad_position(tmp_path):
+    path = tmp_path / "pos.csv"
+    path.write_text("user_id,playlist_id,track_id,position\nu,p,t1,0\nu,p,t2,first\n")
+    assert "position" in _error(path)

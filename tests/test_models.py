@@ -1,0 +1,434 @@
+"""MDR, MASS, MASR (eqs. 11, 12-19, 20) against slow, obvious references on tiny tensors."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from masr.checkpoint import build_model, load_model, save_checkpoint
+from masr.errors import MasrError
+from masr.models import model_class
+from masr.models.base import Batch
+from masr.models.masr import MASR, MASRConfig
+from masr.models.mass import MASS, MASSConfig, masked_softmin, weighted_pairwise_sq
+from masr.models.mdr import MDR, MDRConfig
+
+N_USERS, N_PLAYLISTS, N_SONGS, DIM = 5, 9, 23, 4
+
+
+def perturbed(model: torch.nn.Module, seed: int = 0, scale: float = 0.5) -> torch.nn.Module:
+    """Move every parameter off its (often symmetric) initial value, in eval mode, in double."""
+    gen = torch.Generator().manual_seed(seed)
+    model = model.double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return model.eval()
+
+
+def make_mdr(seed: int = 0, **kw) -> MDR:
+    torch.manual_seed(seed)
+    return perturbed(MDR(MDRConfig(dim=DIM, **kw), N_USERS, N_PLAYLISTS, N_SONGS), seed)
+
+
+def make_mass(seed: int = 0, **kw) -> MASS:
+    torch.manual_seed(seed)
+    return perturbed(MASS(MASSConfig(dim=DIM, **kw), N_USERS, N_PLAYLISTS, N_SONGS), seed)
+
+
+def make_batch(
+    seed: int = 0, rows: int = 6, slots: int = 5, empty_rows: tuple[int, ...] = (1,)
+) -> Batch:
+    """Random rows; some users repeat (exercises MASS's per-user grouping); row 1 has no member."""
+    gen = torch.Generator().manual_seed(seed)
+    users = torch.randint(0, 3, (rows,), generator=gen)
+    playlists = torch.randint(0, N_PLAYLISTS, (rows,), generator=gen)
+    members = torch.randint(0, N_SONGS, (rows, slots), generator=gen)
+    mask = torch.rand(rows, slots, generator=gen) < 0.7
+    mask[:, 0] = True
+    for r in empty_rows:
+        mask[r] = False
+    members = torch.where(mask, members, torch.zeros_like(members))  # padding holds index 0
+    return Batch(users, playlists, members, mask)
+
+
+def candidates(batch: Batch, n: int = 4, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, N_SONGS, (batch.users.shape[0], n), generator=gen)
+
+
+# --- slow references: Python loops over rows, candidates, members and dimensions ------------
+def ref_sq_dist(metric: list[float], x: list[float], y: list[float]) -> float:
+    """|B ⊙ (x - y)|², one dimension at a time."""
+    return sum((b * (xi - yi)) ** 2 for b, xi, yi in zip(metric, x, y, strict=True))
+
+
+def ref_mdr(model: MDR, batch: Batch, songs: torch.Tensor) -> list[list[float]]:
+    b1, b2 = model.metric_user.tolist(), model.metric_playlist.tolist()
+    out = []
+    for r in range(songs.shape[0]):
+        u = model.user_emb.weight[batch.users[r]].tolist()
+        p = model.playlist_emb.weight[batch.playlists[r]].tolist()
+        row = []
+        for k in songs[r].tolist():
+            s = model.song_emb.weight[k].tolist()
+            theta = model.song_bias.weight[k, 0].item()
+            row.append(ref_sq_dist(b1, u, s) + ref_sq_dist(b2, p, s) + theta)  # eq. 11
+        out.append(row)
+    return out
+
+
+def ref_query(lin: torch.nn.Linear, u: list[float], s: list[float]) -> list[float]:
+    """Eq. 12 / 16: ReLU(W [u; s] + b), one output unit at a time."""
+    x = u + s
+    weight, bias = lin.weight.tolist(), lin.bias.tolist()
+    return [
+        max(0.0, sum(w * xi for w, xi in zip(weight[i], x, strict=True)) + bias[i])
+        for i in range(len(bias))
+    ]
+
+
+def ref_mass_parts(
+    model: MASS, batch: Batch, r: int, k: int
+) -> tuple[list[float], list[float], float]:
+    """(d² to each real member (eqs. 14-15), attention α (eqs. 16-18), o (eq. 19)) for row r,
+    candidate k."""
+    user = int(batch.users[r])
+    real = [
+        int(t)
+        for t, keep in zip(batch.members[r].tolist(), batch.member_mask[r].tolist(), strict=True)
+        if keep
+    ]
+    q = ref_query(
+        model.query, model.user_emb.weight[user].tolist(), model.song_emb.weight[k].tolist()
+    )
+    q_att = ref_query(
+        model.att_query,
+        model.att_user_emb.weight[user].tolist(),
+        model.att_song_emb.weight[k].tolist(),
+    )
+    b3, b4 = model.metric.tolist(), model.att_metric.tolist()
+    d_out = [ref_sq_dist(b3, q, model.song_emb.weight[t].tolist()) for t in real]
+    d_att = [ref_sq_dist(b4, q_att, model.att_song_emb.weight[t].tolist()) for t in real]
+    expo = [math.exp(-x) for x in d_att]
+    alpha = [e / sum(expo) for e in expo]
+    bias = model.song_bias.weight[k, 0].item()
+    o = sum(a * x for a, x in zip(alpha, d_out, strict=True)) + bias  # eq. 19 as a distance
+    return d_out, alpha, o
+
+
+def ref_mass(model: MASS, batch: Batch, songs: torch.Tensor) -> list[list[float]]:
+    return [
+        [ref_mass_parts(model, batch, r, k)[2] for k in songs[r].tolist()]
+        for r in range(songs.shape[0])
+    ]
+
+
+def all_songs(batch: Batch) -> torch.Tensor:
+    return torch.arange(N_SONGS).expand(batch.users.shape[0], -1)
+
+
+# --- MDR ---------------------------------------------------------------------------------------
+def test_mdr_distance_matches_eq_11() -> None:
+    model, batch = make_mdr(), make_batch()
+    songs = candidates(batch)
+    with torch.no_grad():
+        got = model.distance(batch, songs)
+    assert torch.allclose(
+        got, torch.tensor(ref_mdr(model, batch, songs), dtype=got.dtype), atol=1e-10
+    )
+
+
+def test_mdr_full_distance_equals_distance_over_all_songs() -> None:
+    model, batch = make_mdr(), make_batch()
+    with torch.no_grad():
+        full = model.full_distance(batch)
+        direct = model.distance(batch, all_songs(batch))
+        from_vectors = model.full_distance_from_vectors(
+            model.user_emb(batch.users), model.playlist_emb(batch.playlists)
+        )
+    assert full.shape == (6, N_SONGS)
+    assert torch.allclose(full, direct, atol=1e-10)
+    assert torch.allclose(from_vectors, direct, atol=1e-10)
+
+
+def test_mdr_init_follows_documented_choice() -> None:
+    torch.manual_seed(0)
+    model = MDR(MDRConfig(dim=64), 50, 50, 400)
+    assert torch.equal(model.metric_user, torch.ones(64)) and torch.equal(
+        model.metric_playlist, torch.ones(64)
+    )
+    assert torch.count_nonzero(model.song_bias.weight) == 0
+    std = model.song_emb.weight.std().item()
+    assert abs(std - 1 / 64) < 0.1 / 64  # N(0, (1/d)²)
+
+
+# --- MASS --------------------------------------------------------------------------------------
+def test_mass_attention_and_member_distances_match_eqs_14_to_18() -> None:
+    model, batch = make_mass(), make_batch()
+    songs = candidates(batch)
+    with torch.no_grad():
+        alpha = model.attention(batch, songs)  # (B, C, L)
+        q = model._queries(model.query, model.user_emb(batch.users), model.song_emb(songs))
+        d_out = model._member_dist(q, model.song_emb(batch.members), model.metric)
+    for r in range(songs.shape[0]):
+        slots = [t for t in range(batch.members.shape[1]) if batch.member_mask[r, t]]
+        for c, k in enumerate(songs[r].tolist()):
+            ref_d, ref_alpha, _ = ref_mass_parts(model, batch, r, k)
+            assert alpha[r, c, slots].tolist() == pytest.approx(ref_alpha, abs=1e-10)
+            assert d_out[r, c, slots].tolist() == pytest.approx(ref_d, abs=1e-9)
+            assert alpha[r, c].sum().item() == pytest.approx(1.0 if slots else 0.0)
+            assert torch.all(
+                alpha[r, c, [t for t in range(batch.members.shape[1]) if t not in slots]] == 0
+            )
+
+
+def test_mass_distance_matches_eq_19() -> None:
+    for init in ("reference", "default"):
+        model, batch = make_mass(query_init=init), make_batch(seed=3)
+        songs = candidates(batch)
+        with torch.no_grad():
+            got = model.distance(batch, songs)
+        assert torch.allclose(
+            got, torch.tensor(ref_mass(model, batch, songs), dtype=got.dtype), atol=1e-9
+        )
+
+
+def test_mass_query_init_reference_is_minus_identity_identity() -> None:
+    model = MASS(MASSConfig(dim=3), 2, 2, 4)
+    eye = torch.eye(3)
+    assert torch.equal(model.query.weight, torch.cat([-eye, eye], 1))
+    assert torch.equal(model.att_query.weight, torch.cat([-eye, eye], 1))
+    with pytest.raises(MasrError, match="query_init"):
+        MASSConfig(query_init="xavier")
+
+
+def test_mass_full_distance_equals_distance_over_all_songs() -> None:
+    model, batch = make_mass(), make_batch(rows=9)
+    with torch.no_grad():
+        direct = model.distance(batch, all_songs(batch))
+        for chunk in (5, 23, 100):
+            full = model.full_distance(batch, chunk=chunk)
+            assert full.shape == (9, N_SONGS)
+            assert torch.allclose(full, direct, atol=1e-9)
+        from_vectors = model.full_distance_from_vectors(
+            model.user_emb(batch.users),
+            model.att_user_emb(batch.users),
+            batch.members,
+            batch.member_mask,
+            chunk=7,
+        )
+    assert torch.allclose(from_vectors, direct, atol=1e-9)
+
+
+def test_mass_grouped_rows_equal_separate_rows() -> None:
+    """full_distance_grouped (G users, R playlists each) = one row at a time."""
+    model, batch = make_mass(), make_batch(rows=4)
+    users = torch.tensor([2, 0])
+    members = batch.members.view(2, 2, -1)
+    mask = batch.member_mask.view(2, 2, -1)
+    with torch.no_grad():
+        grouped = model.full_distance_grouped(
+            model.user_emb(users), model.att_user_emb(users), members, mask
+        )
+        for g in range(2):
+            for r in range(2):
+                row = Batch(
+                    users[g : g + 1], users[g : g + 1], members[g, r : r + 1], mask[g, r : r + 1]
+                )
+                assert torch.allclose(
+                    grouped[g, r], model.distance(row, all_songs(row))[0], atol=1e-9
+                )
+
+
+def test_mass_padding_never_changes_a_score() -> None:
+    model, batch = make_mass(), make_batch()
+    songs = candidates(batch)
+    gen = torch.Generator().manual_seed(7)
+    extra = 4
+    padded = Batch(
+        batch.users,
+        batch.playlists,
+        torch.cat([batch.members, torch.randint(0, N_SONGS, (6, extra), generator=gen)], 1),
+        torch.cat([batch.member_mask, torch.zeros(6, extra, dtype=torch.bool)], 1),
+    )
+    # padding in the middle too: move slot 0 behind a padded slot
+    shuffled = torch.randperm(padded.members.shape[1], generator=gen)
+    moved = Batch(
+        padded.users, padded.playlists, padded.members[:, shuffled], padded.member_mask[:, shuffled]
+    )
+    with torch.no_grad():
+        base = model.distance(batch, songs)
+        for other in (padded, moved):
+            assert torch.allclose(model.distance(other, songs), base, atol=1e-12)
+            assert torch.allclose(model.full_distance(other), model.full_distance(batch), atol=1e-9)
+
+
+def test_mass_padding_gets_no_gradient_and_empty_rows_are_finite() -> None:
+    model = make_mass().train()
+    model.config.dropout = 0.0
+    batch = make_batch()
+    unused = 22  # song index used by no real member and no candidate
+    members = torch.where(batch.member_mask, batch.members, torch.full_like(batch.members, unused))
+    batch = Batch(batch.users, batch.playlists, members, batch.member_mask)
+    songs = candidates(batch) % 20
+    out = model.distance(batch, songs)
+    assert torch.isfinite(out).all()
+    bias = model.song_bias.weight[songs[1], 0]
+    assert torch.allclose(out[1], bias)  # no member: the song bias alone
+    out.sum().backward()
+    for p in model.parameters():
+        assert torch.isfinite(p.grad).all()
+    assert torch.all(model.song_emb.weight.grad[unused] == 0)
+    assert torch.all(model.att_song_emb.weight.grad[unused] == 0)
+
+
+def test_masked_softmin_all_padding_row_is_zero_not_nan() -> None:
+    dist = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.1, 9.0]])
+    mask = torch.tensor([[False, False, False], [True, False, True]])
+    alpha = masked_softmin(dist, mask)
+    assert torch.equal(alpha[0], torch.zeros(3))
+    e = torch.exp(-torch.tensor([0.5, 9.0]))
+    assert torch.allclose(alpha[1], torch.tensor([e[0] / e.sum(), 0.0, e[1] / e.sum()]))
+
+
+def test_mass_embedding_tables_cover_both_memories() -> None:
+    model = MASS(MASSConfig(dim=2), 2, 2, 3)
+    assert model.embedding_tables() == {
+        "user_emb.weight",
+        "song_emb.weight",
+        "song_bias.weight",
+        "att_user_emb.weight",
+        "att_song_emb.weight",
+    }
+
+
+# --- dropout, determinism ------------------------------------------------------------------------
+def test_shared_dropout_distance_matches_a_loop() -> None:
+    """dropout_mode "shared": Σ_j w_cj (q_cj - s_tj)² with one weight vector per candidate."""
+    gen = torch.Generator().manual_seed(4)
+    q, members = (
+        torch.randn(2, 3, 4, generator=gen, dtype=torch.float64),
+        torch.randn(2, 5, 4, generator=gen, dtype=torch.float64),
+    )
+    weights = torch.rand(2, 3, 4, generator=gen, dtype=torch.float64) * (
+        torch.rand(2, 3, 4, generator=gen) > 0.3
+    )
+    got = weighted_pairwise_sq(q, members, weights)
+    for b in range(2):
+        for c in range(3):
+            for t in range(5):
+                want = sum(
+                    float(weights[b, c, j]) * float(q[b, c, j] - members[b, t, j]) ** 2
+                    for j in range(4)
+                )
+                assert got[b, c, t].item() == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("factory", [make_mdr, make_mass, lambda: make_mass(dropout_mode="shared")])
+def test_dropout_only_in_train_mode(factory) -> None:
+    model, batch = factory(), make_batch(empty_rows=())
+    songs = candidates(batch)
+    with torch.no_grad():
+        first, second = model.distance(batch, songs), model.distance(batch, songs)
+        assert torch.equal(first, second)  # eval: deterministic
+        model.train()
+        torch.manual_seed(1)
+        noisy = model.distance(batch, songs)
+        torch.manual_seed(1)
+        again = model.distance(batch, songs)
+    assert torch.equal(noisy, again)  # train: random, but reproducible by seed
+    assert not torch.allclose(noisy, first)
+
+
+def test_mass_train_path_without_dropout_equals_eval() -> None:
+    model, batch = make_mass(dropout=0.0), make_batch()
+    songs = candidates(batch)
+    with torch.no_grad():
+        eval_out = model.distance(batch, songs)
+        assert torch.allclose(model.train().distance(batch, songs), eval_out, atol=1e-12)
+
+
+# --- MASR ----------------------------------------------------------------------------------------
+def test_masr_fuses_eq_20_and_is_frozen() -> None:
+    mdr, mass, batch = make_mdr(1), make_mass(2), make_batch()
+    songs = candidates(batch)
+    model = MASR.from_parts(mdr, mass, alpha=0.3, parts={"mdr": "amdr", "mass": "amass"})
+    assert model.config.parts == {"mdr": "amdr", "mass": "amass"} and model.config.alpha == 0.3
+    assert not any(p.requires_grad for p in model.parameters()) and not model.trainable
+    model.train()
+    assert not model.training and not model.mass.training  # never trained: no dropout
+    with torch.no_grad():
+        o_mdr, o_mass = mdr.distance(batch, songs), mass.distance(batch, songs)
+        expected = [
+            [0.3 * a + 0.7 * b for a, b in zip(ra, rb, strict=True)]
+            for ra, rb in zip(ref_mdr(mdr, batch, songs), ref_mass(mass, batch, songs), strict=True)
+        ]
+        got = model.distance(batch, songs)
+        assert torch.allclose(got, torch.tensor(expected, dtype=got.dtype), atol=1e-9)
+        assert torch.allclose(got, 0.3 * o_mdr + 0.7 * o_mass)
+        full = model.full_distance(batch, chunk=6)
+        assert torch.allclose(full, model.distance(batch, all_songs(batch)), atol=1e-9)
+        users = batch.users
+        vectors = model.full_distance_from_vectors(
+            mdr.user_emb(users),
+            mdr.playlist_emb(batch.playlists),
+            mass.user_emb(users),
+            mass.att_user_emb(users),
+            batch.members,
+            batch.member_mask,
+        )
+        assert torch.allclose(vectors, full, atol=1e-9)
+        half = model.with_alpha(0.5)
+        assert half.config.alpha == 0.5
+        assert torch.allclose(half.distance(batch, songs), 0.5 * o_mdr + 0.5 * o_mass)
+
+
+def test_masr_rejects_alpha_outside_unit_interval() -> None:
+    with pytest.raises(MasrError, match="alpha"):
+        MASRConfig(alpha=1.5)
+
+
+def test_masr_parts_accept_a_pair_of_run_names() -> None:
+    model = MASR.from_parts(make_mdr(), make_mass(), 0.5, ["amdr", "amass"])
+    assert model.config.parts == {"mdr": "amdr", "mass": "amass"}
+
+
+@pytest.mark.parametrize(
+    ("config", "option"),
+    [
+        (lambda: MDRConfig(dim=0), "--dim"),
+        (lambda: MASSConfig(dropout=1.0), "--dropout"),
+        (lambda: MDRConfig(init_std=-1.0), "init_std"),
+        (lambda: MASSConfig(dropout_mode="rows"), "dropout_mode"),
+    ],
+)
+def test_configs_reject_impossible_settings(config, option: str) -> None:
+    with pytest.raises(MasrError, match=option):
+        config()
+
+
+# --- checkpoints and registry --------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["mdr", "mass", "masr"])
+def test_checkpoint_round_trip_gives_identical_outputs(tmp_path: Path, name: str) -> None:
+    if name == "masr":
+        model = MASR.from_parts(
+            make_mdr(1).float(), make_mass(2).float(), 0.4, {"mdr": "mdr", "mass": "amass"}
+        )
+    else:
+        model = (make_mdr if name == "mdr" else make_mass)(seed=5).float()
+    assert model_class(name) is type(model)
+    batch = make_batch()
+    songs = candidates(batch)
+    path = tmp_path / "best.pt"
+    save_checkpoint(path, model, data_fingerprint="abc")
+    loaded, ckpt = load_model(path)
+    assert ckpt["model"] == name and type(loaded) is type(model) and not loaded.training
+    assert loaded.config == model.config
+    with torch.no_grad():
+        assert torch.equal(loaded.distance(batch, songs), model.distance(batch, songs))
+        assert torch.equal(loaded.full_distance(batch), model.full_distance(batch))
+    assert type(build_model(ckpt)) is type(model)

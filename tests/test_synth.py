@@ -1,0 +1,108 @@
+"""The embedded synthetic dataset: deterministic, realistic in shape, and learnable."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from masr.errors import MasrError
+from masr.synth import COLUMNS, SynthConfig, iter_synthesize, synthesize, write_synthetic
+
+
+@pytest.fixture(scope="module")
+def small() -> pl.DataFrame:
+    return synthesize(SynthConfig(users=300, seed=3))
+
+
+def test_same_seed_same_rows_other_seed_other_rows(small):
+    assert synthesize(SynthConfig(users=300, seed=3)).equals(small)
+    other = synthesize(SynthConfig(users=300, seed=4))
+    assert not other.equals(small)
+
+
+def test_chunking_does_not_change_the_rows():
+    cfg = SynthConfig(users=2500, seed=1, names=False)
+    whole = pl.concat(list(iter_synthesize(cfg, chunk_users=10_000)))
+    chunked = pl.concat(list(iter_synthesize(cfg, chunk_users=1000)))
+    assert whole.equals(chunked)
+
+
+def test_columns_and_shape(small):
+    assert tuple(small.columns) == COLUMNS
+    assert small["user_id"].n_unique() == 300
+    sizes = small.group_by("playlist_id").len()["len"]
+    assert (sizes < 5).mean() < 0.02 and sizes.max() <= 60  # a few short ones: prep drops them
+    assert 10 <= sizes.mean() <= 18
+    per_user = small.group_by("user_id").agg(pl.col("playlist_id").n_unique())["playlist_id"]
+    assert 4 <= per_user.mean() <= 6
+    # no duplicate (playlist, track) pairs, positions 0..len-1
+    assert small.select("playlist_id", "track_id").is_duplicated().sum() == 0
+    pos = small.group_by("playlist_id").agg(pl.col("position").max() + 1 == pl.len())
+    assert pos["position"].all()
+    # each playlist id belongs to one user; each track has one name and one artist
+    assert (small.group_by("playlist_id").agg(pl.col("user_id").n_unique())["user_id"] == 1).all()
+    names = small.group_by("track_id").agg(pl.col("track_name", "artist_name").n_unique())
+    assert (names["track_name"] == 1).all() and (names["artist_name"] == 1).all()
+
+
+def test_popularity_is_a_power_law(small):
+    counts = np.sort(small.group_by("track_id").len()["len"].to_numpy())[::-1]
+    top = counts[: max(1, len(counts) // 10)].sum() / counts.sum()
+    assert top > 0.3  # the top 10% of songs hold a large share of the rows
+    assert counts[0] > 10 * np.median(counts)
+
+
+def _hit_at_10(small: pl.DataFrame) -> tuple[float, float]:
+    """Leave one song out per playlist; rank all songs by popularity vs. item co-occurrence."""
+    p = small["playlist_id"].rank("dense").to_numpy().astype(np.int64) - 1
+    s = small["track_id"].rank("dense").to_numpy().astype(np.int64) - 1
+    n_p, n_s = p.max() + 1, s.max() + 1
+    rng = np.random.default_rng(0)
+    order = np.lexsort((rng.random(len(p)), p))
+    first = np.ones(len(p), dtype=bool)
+    first[1:] = p[order][1:] != p[order][:-1]
+    held = order[first]  # one random row per playlist
+    train = np.ones(len(p), dtype=bool)
+    train[held] = False
+    x = np.zeros((n_p, n_s))
+    x[p[train], s[train]] = 1.0
+    pop = x.sum(0)
+    co = x.T @ x  # (S, S) co-occurrence
+    np.fill_diagonal(co, 0)
+    score_knn = x @ co  # (P, S): item-kNN with raw co-occurrence
+    score_pop = np.broadcast_to(pop, x.shape).copy()
+    hits = []
+    for score in (score_pop, score_knn):
+        score = np.where(x > 0, -np.inf, score)
+        target = score[p[held], s[held]]
+        rank = (score[p[held]] > target[:, None]).sum(1)
+        hits.append(float((rank < 10).mean()))
+    return hits[0], hits[1]
+
+
+def test_item_cooccurrence_clearly_beats_popularity(small):
+    pop, knn = _hit_at_10(small)
+    assert knn > 2 * pop and knn > 0.2, (pop, knn)
+
+
+@pytest.mark.parametrize("name", ["s.csv", "s.tsv", "s.csv.gz", "s.parquet"])
+def test_write_synthetic_round_trips(tmp_path, name):
+    cfg = SynthConfig(users=40, seed=2)
+    rows = write_synthetic(tmp_path / name, cfg)
+    path = tmp_path / name
+    if name.endswith(".parquet"):
+        back = pl.read_parquet(path)
+    else:
+        back = pl.read_csv(path, separator="\t" if ".tsv" in name else ",", infer_schema=False)
+        back = back.with_columns(pl.col("position").cast(pl.Int32))
+    assert rows == back.height
+    assert back.equals(synthesize(cfg))
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+def test_bad_settings_are_clear_errors(tmp_path):
+    with pytest.raises(MasrError, match="--users"):
+        synthesize(SynthConfig(users=0))
+    with pytest.raises(MasrError, match="is a directory"):
+        write_synthetic(tmp_path, SynthConfig(users=5))

@@ -1,0 +1,300 @@
+"""BPR / APR training loop, checkpoints, determinism and resume (masr.train, masr.runs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor, nn
+
+from masr.checkpoint import load_checkpoint, load_model
+from masr.dataset import PreparedData
+from masr.errors import MasrError
+from masr.evaluate import evaluate_model
+from masr.models.base import Batch, ModelConfig, Recommender
+from masr.runs import AdversarialConfig, RunOptions, TrainConfig, plan, signature, train_run
+from masr.train import LazyAdam, TrainProgress, ranking_loss, resolve_device, train_model
+
+FAST = {"batch_size": 32, "lr": 0.02}
+
+
+@dataclass
+class DotConfig(ModelConfig):
+    dim: int = 8
+
+
+class Dot(Recommender):
+    """A tiny distance model for the loop: o = |p - s|^2 (playlist and song embeddings)."""
+
+    name = "dot"
+    config_class = DotConfig
+
+    def __init__(self, config: DotConfig, n_users: int, n_playlists: int, n_songs: int):
+        super().__init__(config, n_users, n_playlists, n_songs)
+        self.playlist = nn.Embedding(n_playlists, config.dim)
+        self.song = nn.Embedding(n_songs, config.dim)
+        nn.init.normal_(self.playlist.weight, std=0.1)
+        nn.init.normal_(self.song.weight, std=0.1)
+
+    def distance(self, batch: Batch, songs: Tensor) -> Tensor:
+        p = self.playlist(batch.playlists).unsqueeze(1)  # (B, 1, d)
+        return (p - self.song(songs)).square().sum(-1)  # (B, C)
+
+
+@dataclass
+class PopConfig(ModelConfig):
+    pass
+
+
+class Popularity(Recommender):
+    """Reference point: distance = -(number of training playlists holding the song)."""
+
+    name = "popularity"
+    config_class = PopConfig
+    trainable = False
+
+    def __init__(self, data: PreparedData):
+        super().__init__(PopConfig(), data.n_users, data.n_playlists, data.n_songs)
+        self.register_buffer("neg_pop", -torch.as_tensor(data.song_popularity, dtype=torch.float))
+
+    def distance(self, batch: Batch, songs: Tensor) -> Tensor:
+        return self.neg_pop[songs]
+
+
+def _dot(data: PreparedData) -> Dot:
+    torch.manual_seed(0)
+    return Dot(DotConfig(), data.n_users, data.n_playlists, data.n_songs)
+
+
+def test_bpr_loss_falls_and_beats_popularity(planted: PreparedData) -> None:
+    model = _dot(planted)
+    result = train_model(model, planted, TrainConfig(epochs=15, **FAST))
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < 0.5 * losses[0]
+    trained = evaluate_model(model, planted, "test")
+    pop = evaluate_model(Popularity(planted), planted, "test")
+    # planted groups: a model that learned them ranks the held-out song in the top few
+    assert trained["sampled"]["hit@5"] >= 0.9
+    assert trained["sampled"]["ndcg@10"] > pop["sampled"]["ndcg@10"] + 0.2
+    assert trained["full"]["hit@10"] > pop["full"]["hit@10"] + 0.2
+
+
+@pytest.mark.parametrize("model_name", ["mdr", "mass"])
+def test_paper_models_learn_the_planted_groups(planted: PreparedData, model_name: str) -> None:
+    from masr.models import model_class
+
+    cls = model_class(model_name)
+    torch.manual_seed(0)
+    model = cls(cls.config_class(dim=16), planted.n_users, planted.n_playlists, planted.n_songs)
+    result = train_model(model, planted, TrainConfig(epochs=12, batch_size=32, lr=0.01))
+    assert result.history[-1]["loss"] < result.history[0]["loss"]
+    assert result.best_valid["hit@5"] >= 0.8
+
+
+def test_ranking_loss_hardest_and_pairs() -> None:
+    class Fixed(Dot):
+        def distance(self, batch: Batch, songs: Tensor) -> Tensor:
+            return songs.float()  # distance = song index
+
+    model = Fixed(DotConfig(), 1, 1, 10)
+    batch = Batch(
+        torch.zeros(1, dtype=torch.long),
+        torch.zeros(1, dtype=torch.long),
+        torch.zeros((1, 1), dtype=torch.long),
+        torch.zeros((1, 1), dtype=torch.bool),
+    )
+    pos, neg = torch.tensor([2]), torch.tensor([[5, 3, 9]])
+    sp = torch.nn.functional.softplus
+    hardest = ranking_loss(model, batch, pos, neg, "hardest")
+    assert float(hardest) == pytest.approx(float(sp(torch.tensor(2.0 - 3.0))))
+    pairs = ranking_loss(model, batch, pos, neg, "pairs")
+    assert float(pairs) == pytest.approx(float(sp(torch.tensor([-3.0, -1.0, -7.0])).mean()))
+
+
+def test_lazy_adam_matches_adam_when_every_row_is_touched() -> None:
+    torch.manual_seed(0)
+    dense = nn.Embedding(6, 3)
+    sparse = nn.Embedding(6, 3, sparse=True)
+    sparse.load_state_dict(dense.state_dict())
+    opt_a = torch.optim.Adam(dense.parameters(), lr=0.1, weight_decay=0.01)
+    opt_b = LazyAdam(sparse.parameters(), lr=0.1, weight_decay=0.01)
+    for step in range(5):
+        idx = torch.arange(6).roll(step)
+        for emb, opt in ((dense, opt_a), (sparse, opt_b)):
+            opt.zero_grad()
+            (emb(idx) * torch.arange(18.0).view(6, 3)).sum().backward()
+            opt.step()
+    assert torch.allclose(dense.weight, sparse.weight, atol=1e-6)
+
+
+def test_lazy_adam_leaves_untouched_rows_alone() -> None:
+    emb = nn.Embedding(5, 2, sparse=True)
+    before = emb.weight.detach().clone()
+    opt = LazyAdam(emb.parameters(), lr=0.1, weight_decay=0.5)
+    opt.zero_grad()
+    emb(torch.tensor([1, 3])).sum().backward()
+    opt.step()
+    changed = (emb.weight.detach() != before).any(1)
+    assert changed.tolist() == [False, True, False, True, False]
+
+
+def _weights(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_cpu_determinism_by_seed(planted: PreparedData) -> None:
+    from masr.models.mdr import MDR, MDRConfig
+
+    def run(seed: int) -> dict[str, Tensor]:
+        model = MDR(MDRConfig(dim=8), planted.n_users, planted.n_playlists, planted.n_songs)
+        train_model(model, planted, TrainConfig(epochs=2, seed=seed, **FAST))
+        return _weights(model)
+
+    a, b, c = run(1), run(1), run(2)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_checkpoint_round_trip(planted: PreparedData, tmp_path: Path) -> None:
+    from masr.models.mdr import MDR, MDRConfig
+
+    model = MDR(MDRConfig(dim=8), planted.n_users, planted.n_playlists, planted.n_songs)
+    result = train_model(model, planted, TrainConfig(epochs=3, **FAST), run_dir=tmp_path)
+    # weights_only loading (load_checkpoint uses it) and the recorded metadata
+    ckpt = load_checkpoint(tmp_path / "best.pt")
+    assert ckpt["data_fingerprint"] == planted.fingerprint
+    assert ckpt["epoch"] == result.best_epoch
+    assert ckpt["train_config"]["batch_size"] == 32
+    assert ckpt["valid"]["hit@10"] == result.best_valid["hit@10"]
+    torch.load(tmp_path / "last.pt", weights_only=True)
+    loaded, _ = load_model(tmp_path / "best.pt")
+    model.eval()
+    assert evaluate_model(loaded, planted) == evaluate_model(model, planted)
+
+
+def test_resume_continues_exactly(planted: PreparedData, tmp_path: Path) -> None:
+    from masr.models.mdr import MDR, MDRConfig
+
+    def fresh() -> MDR:
+        torch.manual_seed(0)
+        return MDR(MDRConfig(dim=8), planted.n_users, planted.n_playlists, planted.n_songs)
+
+    straight = fresh()
+    full = train_model(straight, planted, TrainConfig(epochs=3, **FAST), run_dir=tmp_path / "a")
+    first = fresh()
+    train_model(first, planted, TrainConfig(epochs=2, **FAST), run_dir=tmp_path / "b")
+    last = load_checkpoint(tmp_path / "b" / "last.pt")
+    assert last["epoch"] == 2
+    resumed = fresh()
+    more = train_model(
+        resumed, planted, TrainConfig(epochs=3, **FAST), run_dir=tmp_path / "b", resume=last
+    )
+    assert [h["loss"] for h in more.history] == [h["loss"] for h in full.history]
+    a = load_checkpoint(tmp_path / "a" / "last.pt")["state_dict"]
+    b = load_checkpoint(tmp_path / "b" / "last.pt")["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_patience_stops_early(planted: PreparedData) -> None:
+    model = _dot(planted)
+    # a learning rate this small cannot change the ranking: no epoch beats the first
+    result = train_model(model, planted, TrainConfig(epochs=10, patience=2, batch_size=64, lr=1e-12))
+    assert result.stopped_early and len(result.history) == 3 and result.best_epoch == 1
+
+
+def test_apr_trains_from_a_checkpoint(planted: PreparedData, tmp_path: Path) -> None:
+    from masr.models.mdr import MDR, MDRConfig
+
+    model = MDR(MDRConfig(dim=8), planted.n_users, planted.n_playlists, planted.n_songs)
+    train_model(model, planted, TrainConfig(epochs=4, **FAST), run_dir=tmp_path / "mdr")
+    start = _weights(model)
+    adv = train_model(
+        model, planted, TrainConfig(epochs=2, **FAST), adversarial=AdversarialConfig(eps=0.5)
+    )
+    assert len(adv.history) == 2
+    assert not all(torch.equal(start[k], v) for k, v in model.state_dict().items())
+    # the adversarial term adds a second, non-negative loss: APR's loss exceeds the clean one
+    clean = train_model(_dot(planted), planted, TrainConfig(epochs=1, **FAST))
+    assert adv.history[0]["loss"] > 0 and clean.history[0]["loss"] > 0
+
+
+def test_progress_hooks_are_called(planted: PreparedData) -> None:
+    seen: list[str] = []
+
+    class Recorder(TrainProgress):
+        def start(self, title: str, epochs: int, steps: int, first_epoch: int) -> None:
+            seen.append(f"start {title} {epochs} {first_epoch}")
+
+        def epoch(self, record: dict) -> None:
+            seen.append(f"epoch {record['epoch']}")
+
+        def finish(self) -> None:
+            seen.append("finish")
+
+    train_model(_dot(planted), planted, TrainConfig(epochs=2, **FAST), progress=Recorder())
+    assert seen == ["start dot 2 1", "epoch 1", "epoch 2", "finish"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "option"),
+    [("batch_size", 0, "--batch-size"), ("lr", -1.0, "--lr"), ("neg_mode", "x", "--neg-mode")],
+)
+def test_bad_options_name_the_option(planted: PreparedData, field: str, value, option: str) -> None:
+    with pytest.raises(MasrError, match=option):
+        train_model(_dot(planted), planted, TrainConfig(**{field: value}))
+
+
+def test_plan_and_signatures() -> None:
+    assert plan("amasr") == ["mdr", "amdr", "mass", "amass", "amasr"]
+    assert plan("masr") == ["mdr", "mass", "masr"]
+    opts = RunOptions(train=TrainConfig(epochs=3))
+    a = signature("amdr", opts, "fp")
+    b = signature("amdr", RunOptions(train=TrainConfig(epochs=4)), "fp")
+    assert a != b and a["start"]["train"]["epochs"] == 3  # a changed BPR run invalidates APR
+    assert signature("mdr", opts, "fp") != signature("mdr", opts, "other data")
+
+
+def test_train_run_reuses_matching_dependencies(planted: PreparedData, tmp_path: Path) -> None:
+    opts = RunOptions(
+        train=TrainConfig(epochs=2, **FAST),
+        adversarial=AdversarialConfig(epochs=1),
+        model={"dim": 8},
+        device="cpu",
+    )
+    first = train_run("amdr", planted, tmp_path, opts)
+    assert [(o.run, o.action) for o in first] == [("mdr", "trained"), ("amdr", "trained")]
+    mdr_mtime = (tmp_path / "mdr" / "best.pt").stat().st_mtime_ns
+    again = train_run("amdr", planted, tmp_path, opts)
+    assert [(o.run, o.action) for o in again] == [("mdr", "reused"), ("amdr", "trained")]
+    assert (tmp_path / "mdr" / "best.pt").stat().st_mtime_ns == mdr_mtime
+    changed = RunOptions(**{**opts.__dict__, "train": TrainConfig(epochs=1, **FAST)})
+    assert train_run("amdr", planted, tmp_path, changed)[0].action == "trained"
+
+
+def test_device_resolution() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(MasrError, match="--device cuda"):
+            resolve_device("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_training_and_sampling_on_cuda(planted: PreparedData) -> None:
+    from masr.models.mass import MASS, MASSConfig
+    from masr.sampling import TrainingIndex, is_training_pair, sample_negatives
+
+    index = TrainingIndex.from_data(planted, "cuda")
+    who = index.playlist[torch.arange(index.n_rows, device="cuda")]
+    neg = sample_negatives(index, who, 4)
+    assert neg.is_cuda and not bool(is_training_pair(index, who.unsqueeze(1), neg).any())
+    model = MASS(MASSConfig(dim=8), planted.n_users, planted.n_playlists, planted.n_songs)
+    result = train_model(model, planted, TrainConfig(epochs=2, **FAST), device="cuda")
+    assert np.isfinite(result.history[-1]["loss"])
+    cpu = evaluate_model(model.cpu(), planted)
+    gpu = evaluate_model(model.cuda(), planted, device="cuda")
+    assert cpu["sampled"]["hit@10"] == pytest.approx(gpu["sampled"]["hit@10"], abs=0.03)
