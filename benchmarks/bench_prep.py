@@ -104,13 +104,14 @@ def main() -> int:
     ap.add_argument("--skip-big", action="store_true")
     args, _ = ap.parse_known_args()
     OUT.mkdir(exist_ok=True)
-    result: dict = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_avg_at_start": os.getloadavg(),
-        }
+    previous = OUT / "prep.json"
+    # a part skipped this time keeps its last figures
+    result: dict = json.loads(previous.read_text()) if previous.exists() else {}
+    result["machine"] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_avg_at_start": os.getloadavg(),
     }
     if not args.skip_aotm:
         if not args.data.exists():
@@ -119,7 +120,8 @@ def main() -> int:
             result["aotm"] = a = bench_aotm(args.data, args.repeat)
             print(
                 f"AOTM {a['rows']:,} rows: wall min {a['wall_s_min']:.2f}s median "
-                f"{a['wall_s_median']:.2f}s (target <= 5 s), peak RSS {a['peak_rss_mb_max']:.0f} MB",
+                f"{a['wall_s_median']:.2f}s (target <= 5 s), "
+                f"peak RSS {a['peak_rss_mb_max']:.0f} MB",
                 file=sys.stderr,
             )
     if not args.skip_big:

@@ -21,7 +21,10 @@ def main(argv: list[str]) -> int:
     extra = [a for a in argv if a.startswith("-")]
     unknown = sorted(set(names) - set(available))
     if unknown:
-        print(f"unknown benchmark(s): {', '.join(unknown)}; have: {', '.join(available)}", file=sys.stderr)
+        print(
+            f"unknown benchmark(s): {', '.join(unknown)}; have: {', '.join(available)}",
+            file=sys.stderr,
+        )
         return 2
     status = 0
     for name in names:

@@ -1,12 +1,83 @@
-"""`masr export` (placeholder until its issue lands)."""
+"""`masr export`: the trained MASR / AMASR (or one part) as one ONNX file plus id maps."""
 
 from __future__ import annotations
 
+import enum
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from masr_cli._common import console
 
 NAME = "export"
 
 
-def command() -> None:
-    """Not implemented yet."""
-    raise typer.Exit(2)
+class Kind(str, enum.Enum):
+    amasr = "amasr"
+    masr = "masr"
+    mdr = "mdr"
+    mass = "mass"
+    amdr = "amdr"
+    amass = "amass"
+
+
+def command(
+    runs: Annotated[
+        Path,
+        typer.Option(
+            help="Runs directory written by masr train (its run.json files "
+            "lead to the prepared data and its id maps)."
+        ),
+    ] = Path("runs"),
+    model: Annotated[
+        Kind | None,
+        typer.Option(
+            help="What to export [default: amasr when runs/amdr and runs/amass exist, else "
+            "masr]. amasr/masr fuse the MDR and MASS parts (eq. 20); the others export one part.",
+            show_default=False,
+        ),
+    ] = None,
+    alpha: Annotated[
+        float | None,
+        typer.Option(
+            help="Weight of MDR in the fusion, o = α·MDR + (1-α)·MASS [default: the fusion "
+            "run's, else 0.5].",
+            show_default=False,
+        ),
+    ] = None,
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="ONNX file to write; the metadata JSON and the id maps go next to it.",
+        ),
+    ] = Path("exported/masr.onnx"),
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help="Prepared data the runs were trained on [default: found through run.json].",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Export the trained model to one ONNX file for `masr score` (ONNX Runtime, no torch).
+
+    The graph scores the whole catalog for a batch of playlists and returns the top-K songs
+    (member songs excluded); new playlists and users are folded in from their songs. Next to
+    the model: NAME.json (α, dims, opset, source checkpoints, data checksum, masr version; the
+    same metadata is in the ONNX metadata_props) and the id maps NAME.songs/.playlists/.users
+    .parquet. Files are written aside and renamed; parent folders are created.
+
+    Example: masr export --runs runs --out exported/masr.onnx
+    """
+    from masr.export import ExportConfig, export_model
+
+    config = ExportConfig(model=model.value if model else None, alpha=alpha, data=data)
+    result = export_model(runs, out, config, log=lambda msg: console.print(msg, style="dim"))
+    meta = result.metadata
+    console.print(
+        f"exported {meta['model']} (α = {meta['alpha']:g}, {meta['sizes']['n_songs']:,} songs) "
+        f"→ [bold]{result.path}[/bold]"
+    )

@@ -1,12 +1,87 @@
-"""`masr score` (placeholder until its issue lands)."""
+"""`masr score`: recommend songs for every playlist of a file with an exported model."""
 
 from __future__ import annotations
 
+import enum
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from masr_cli._common import console
 
 NAME = "score"
 
 
-def command() -> None:
-    """Not implemented yet."""
-    raise typer.Exit(2)
+class Device(str, enum.Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def command(
+    input: Annotated[
+        Path,
+        typer.Argument(
+            help="Playlists to continue, in the `masr prep` input format: one row per member "
+            "song with user, playlist and track ids (CSV, TSV or Parquet, optionally gzipped). "
+            "Ids are the original strings; playlists and users may be new.",
+            show_default=False,
+        ),
+    ],
+    model: Annotated[
+        Path,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Exported model (masr export); its metadata JSON and id maps sit next to it.",
+        ),
+    ] = Path("exported/masr.onnx"),
+    k: Annotated[int, typer.Option("--k", "-k", help="Songs to recommend per playlist.")] = 10,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Write the CSV here (written aside, renamed when complete) instead of stdout.",
+            show_default=False,
+        ),
+    ] = None,
+    device: Annotated[
+        Device,
+        typer.Option(help="ONNX Runtime device: auto = CUDA when it can really be used, else CPU."),
+    ] = Device.auto,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            help="Playlists per ONNX Runtime call [default: 64 on CPU, 512 on CUDA].",
+            show_default=False,
+        ),
+    ] = None,
+    user_col: Annotated[str, typer.Option(help="Input column holding the user id.")] = "user_id",
+    playlist_col: Annotated[
+        str, typer.Option(help="Input column holding the playlist id (a playlist's key).")
+    ] = "playlist_id",
+    track_col: Annotated[str, typer.Option(help="Input column holding the track id.")] = "track_id",
+) -> None:
+    """Recommend K new songs for every playlist in INPUT, offline, with ONNX Runtime (no torch).
+
+    Writes CSV `playlist_id,rank,track_id,score` to stdout (or --out): K rows per playlist in
+    input order, rank 1 best, score = the negated fused distance (higher is better). A
+    playlist's own songs are never recommended. New playlists are folded in from their known
+    songs; unknown songs are ignored; a playlist with no known song is ranked by its user's
+    taste, then by popularity. Logs and the summary line go to stderr.
+
+    Example: masr score examples/playlists.csv > recs.csv
+    """
+    from masr.io import Columns
+    from masr.score import ScoreConfig, score_file
+
+    config = ScoreConfig(
+        k=k,
+        batch_size=batch_size,
+        device=device.value,
+        columns=Columns(user=user_col, playlist=playlist_col, track=track_col),
+    )
+    summary = score_file(input, model, out, config, log=lambda msg: console.print(msg, style="dim"))
+    console.print(summary.line(), highlight=False, soft_wrap=True)

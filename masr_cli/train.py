@@ -43,6 +43,11 @@ class Noise(str, enum.Enum):
     fixed = "fixed"
 
 
+class Entity(str, enum.Enum):
+    user = "user"
+    playlist = "playlist"
+
+
 def command(
     ctx: typer.Context,
     model: Annotated[
@@ -109,6 +114,26 @@ def command(
     alpha: Annotated[
         float, typer.Option(help="Fusion weight of MDR in MASR/AMASR (eq. 20); MASS gets 1-α.")
     ] = 0.5,
+    entity: Annotated[
+        Entity | None,
+        typer.Option(
+            help="Baselines mfbpr, cml, als: model user -> song or playlist -> song (the paper ran "
+            "both and reported the better) [default: playlist].",
+            show_default=False,
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="NAME=VALUE",
+            help="A model hyper-parameter, repeatable: e.g. --set shrink=10 --set alpha=0.75 "
+            "(itemknn: alpha, shrink, neighbours; ease: reg; als: reg, confidence, iterations, "
+            "cg_steps; mfbpr: song_bias; cml: margin; fism: alpha). `--reg` also sets ease/als's "
+            "L2 weight.",
+            show_default=False,
+        ),
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -151,11 +176,18 @@ def command(
         adversarial=AdversarialConfig(
             epochs=adv_epochs, eps=eps, reg_adv=reg_adv, noise=noise.value
         ),
-        model={"dim": dim},
+        model={"dim": dim, "entity": entity.value if entity else None},
         alpha=alpha,
         device=device.value,
     )
     name = model.value if isinstance(model, enum.Enum) else str(model)
+    if _given(ctx, "reg"):  # closed-form ease/als take --reg as their own L2 weight
+        options.model["reg"] = reg
+    if set_:
+        from masr.models import parse_settings
+        from masr.runs import plan, run_spec
+
+        options.model.update(parse_settings([run_spec(r).model for r in plan(name)], set_))
     if resume:
         saved = saved_options(runs, name)
         if saved is not None:
@@ -204,6 +236,7 @@ _OPTION_PATHS = {
     "reg_adv": ("adversarial", "reg_adv"),
     "noise": ("adversarial", "noise"),
     "dim": ("model", "dim"),
+    "entity": ("model", "entity"),
     "alpha": ("", "alpha"),
     "device": ("", "device"),
 }

@@ -47,21 +47,32 @@ def write_planted(
         others = np.setdiff1d(np.arange(n_songs), songs)
         for idx, target in ((v, valid), (t, test)):
             neg = rng.choice(others, size=min(n_negatives, len(others)), replace=False)
-            target.append((pid, int(songs[idx]), [int(x) for x in neg], int(grp["position"][int(idx)])))
+            target.append(
+                (pid, int(songs[idx]), [int(x) for x in neg], int(grp["position"][int(idx)]))
+            )
         keep = np.setdiff1d(np.arange(len(songs)), [v, t])
         train += [(pid, int(songs[i]), int(grp["position"][int(i)])) for i in keep]
     path.mkdir(parents=True, exist_ok=True)
     i32 = pl.Int32
-    pl.DataFrame({"user_idx": users, "user_id": [f"u{u}" for u in users]}, schema={"user_idx": i32, "user_id": pl.String}).write_parquet(path / "users.parquet")
     pl.DataFrame(
-        {"playlist_idx": [a for a, _ in playlists], "playlist_id": [f"p{a}" for a, _ in playlists], "user_idx": [b for _, b in playlists]},
+        {"user_idx": users, "user_id": [f"u{u}" for u in users]},
+        schema={"user_idx": i32, "user_id": pl.String},
+    ).write_parquet(path / "users.parquet")
+    pl.DataFrame(
+        {
+            "playlist_idx": [a for a, _ in playlists],
+            "playlist_id": [f"p{a}" for a, _ in playlists],
+            "user_idx": [b for _, b in playlists],
+        },
         schema={"playlist_idx": i32, "playlist_id": pl.String, "user_idx": i32},
     ).write_parquet(path / "playlists.parquet")
     pl.DataFrame(
         {"song_idx": list(range(n_songs)), "track_id": [f"s{s}" for s in range(n_songs)]},
         schema={"song_idx": i32, "track_id": pl.String},
     ).write_parquet(path / "songs.parquet")
-    pl.DataFrame(train, schema={"playlist_idx": i32, "song_idx": i32, "position": i32}, orient="row").write_parquet(path / "train.parquet")
+    pl.DataFrame(
+        train, schema={"playlist_idx": i32, "song_idx": i32, "position": i32}, orient="row"
+    ).write_parquet(path / "train.parquet")
     case_schema = {"playlist_idx": i32, "song_idx": i32, "negatives": pl.List(i32), "position": i32}
     pl.DataFrame(valid, schema=case_schema, orient="row").write_parquet(path / "valid.parquet")
     pl.DataFrame(test, schema=case_schema, orient="row").write_parquet(path / "test.parquet")

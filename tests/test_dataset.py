@@ -9,7 +9,7 @@ def test_planted_loads_with_consistent_shapes(planted):
     assert len(d.valid) == len(d.test) == d.n_playlists
     # negatives never hold a song of their playlist
     for cases in (d.valid, d.test):
-        for p, s, negs in zip(cases.playlist, cases.song, cases.negatives):
+        for p, s, negs in zip(cases.playlist, cases.song, cases.negatives, strict=True):
             members = set(d.playlist_songs(p)) | {s}
             assert not members & set(negs[negs >= 0].tolist())
     assert np.all(d.playlist_user[d.test.playlist] == d.test.user)

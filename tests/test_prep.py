@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import polars as pl
@@ -14,6 +16,7 @@ from masr.dataset import fingerprint_of, load_prepared
 from masr.errors import MasrError
 from masr.prep import (
     PrepConfig,
+    _codes,
     first_occurrence,
     kcore,
     outlier_rows,
@@ -331,3 +334,24 @@ def test_rerun_replaces_output_and_nothing_left_half_written(small_csv, tmp_path
 def test_bad_settings_name_the_option(config, option, tmp_path):
     with pytest.raises(MasrError, match=option):
         prepare(None, tmp_path / "x", config=config, synth_users=10)
+
+
+def test_prep_path_does_not_import_torch():
+    code = (
+        "import sys, masr.prep, masr.synth, masr.io, masr_cli.prep, masr_cli.synth; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_codes_rank_by_id_string_even_with_hash_collisions(monkeypatch):
+    ids = pl.Series(["b", "a", "c", "a", "10", "9"])
+    codes, uniq = _codes(ids)
+    assert uniq.to_list() == ["10", "9", "a", "b", "c"]
+    assert codes.tolist() == [3, 2, 4, 2, 0, 1]
+    # every id hashing alike must not merge different ids
+    monkeypatch.setattr(
+        pl.Series, "hash", lambda self, seed=0: pl.Series([7] * len(self), dtype=pl.UInt64)
+    )
+    codes2, uniq2 = _codes(ids)
+    assert uniq2.to_list() == uniq.to_list() and codes2.tolist() == codes.tolist()

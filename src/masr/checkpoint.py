@@ -28,7 +28,9 @@ from masr.models.base import Recommender
 CHECKPOINT_FORMAT = 1
 
 
-def save_checkpoint(path: str | Path, model: Recommender, *, data_fingerprint: str, **extra: Any) -> None:
+def save_checkpoint(
+    path: str | Path, model: Recommender, *, data_fingerprint: str, **extra: Any
+) -> None:
     """Write ``model`` and ``extra`` metadata to ``path`` atomically."""
     payload = {
         "format": CHECKPOINT_FORMAT,
@@ -53,7 +55,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise MasrError(f"{path}: not a readable masr checkpoint ({type(exc).__name__})") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT or ckpt.get("model") not in REGISTRY:
+    if (
+        not isinstance(ckpt, dict)
+        or ckpt.get("format") != CHECKPOINT_FORMAT
+        or ckpt.get("model") not in REGISTRY
+    ):
         raise MasrError(f"{path}: not a masr checkpoint (format {CHECKPOINT_FORMAT})")
     return ckpt
 
@@ -67,7 +73,9 @@ def build_model(ckpt: dict[str, Any], device: torch.device | str = "cpu") -> Rec
     return model.to(device).eval()
 
 
-def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Recommender, dict[str, Any]]:
+def load_model(
+    path: str | Path, device: torch.device | str = "cpu"
+) -> tuple[Recommender, dict[str, Any]]:
     """``(model, checkpoint dict)`` from a checkpoint file."""
     ckpt = load_checkpoint(path)
     return build_model(ckpt, device), ckpt

@@ -50,7 +50,9 @@ class PreparedData:
     playlist_user: np.ndarray  # (P,) int64 owner of each playlist
     train_playlist: np.ndarray  # (N,) int64, sorted by playlist
     train_song: np.ndarray  # (N,) int64
-    indptr: np.ndarray  # (P+1,) int64 CSR offsets: playlist p's songs are train_song[indptr[p]:indptr[p+1]]
+    indptr: (
+        np.ndarray
+    )  # (P+1,) int64 CSR offsets: playlist p's songs are train_song[indptr[p]:indptr[p+1]]
     valid: Cases
     test: Cases
     _tables: dict = field(default_factory=dict, repr=False)
@@ -108,7 +110,8 @@ def load_prepared(path: str | Path) -> PreparedData:
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
         raise MasrError(
-            f"{path}: no prepared data here (missing manifest.json); run `masr prep --out {path}` first"
+            f"{path}: no prepared data here (missing manifest.json); "
+            f"run `masr prep --out {path}` first"
         )
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -116,12 +119,20 @@ def load_prepared(path: str | Path) -> PreparedData:
         raise MasrError(f"{manifest_path}: unreadable manifest ({exc})") from None
     for name in TABLES:
         if not (path / f"{name}.parquet").is_file():
-            raise MasrError(f"{path}: prepared data is incomplete (missing {name}.parquet); rerun `masr prep`")
+            raise MasrError(
+                f"{path}: prepared data is incomplete (missing {name}.parquet); rerun `masr prep`"
+            )
     try:
-        playlists = pl.read_parquet(path / "playlists.parquet", columns=["playlist_idx", "user_idx"])
+        playlists = pl.read_parquet(
+            path / "playlists.parquet", columns=["playlist_idx", "user_idx"]
+        )
         train = pl.read_parquet(path / "train.parquet", columns=["playlist_idx", "song_idx"])
-        valid = pl.read_parquet(path / "valid.parquet", columns=["playlist_idx", "song_idx", "negatives"])
-        test = pl.read_parquet(path / "test.parquet", columns=["playlist_idx", "song_idx", "negatives"])
+        valid = pl.read_parquet(
+            path / "valid.parquet", columns=["playlist_idx", "song_idx", "negatives"]
+        )
+        test = pl.read_parquet(
+            path / "test.parquet", columns=["playlist_idx", "song_idx", "negatives"]
+        )
     except Exception as exc:  # polars raises several types for corrupt files
         raise MasrError(f"{path}: cannot read prepared tables ({exc})") from None
 

@@ -50,7 +50,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,7 +97,7 @@ class ExportConfig:
 
     model: str | None = None  # one of KINDS; None: amasr when its parts exist, else masr
     alpha: float | None = None  # eq. 20's MDR weight; None: the fusion run's, else 0.5
-    chunk: int = 1024  # catalog songs per MASS step (cache-sized: ~4 MB of queries per user)
+    chunk: int = 256  # catalog songs per MASS step: cache-sized (fastest measured on CPU)
     unknown_user: str = "members"  # MDR user term of an unknown user: "members" or "drop"
     data: Path | None = None  # prepared data for the id maps; None: found through run.json
 
@@ -109,7 +109,9 @@ class ExportConfig:
         if self.chunk < 1:
             raise MasrError(f"chunk {self.chunk}: must be >= 1")
         if self.unknown_user not in UNKNOWN_USER_MODES:
-            raise MasrError(f"unknown_user {self.unknown_user!r}: choose one of {UNKNOWN_USER_MODES}")
+            raise MasrError(
+                f"unknown_user {self.unknown_user!r}: choose one of {UNKNOWN_USER_MODES}"
+            )
 
 
 # -- weights as NumPy arrays (the graph builder never sees torch) -----------------------------
@@ -230,7 +232,7 @@ def build_graph(
     n_users: int,
     n_playlists: int,
     n_songs: int,
-    chunk: int = 1024,
+    chunk: int = 256,
     unknown_user: str = "members",
 ) -> onnx.ModelProto:
     """The scoring graph (module docstring) for the given parts; at least one part is needed.
@@ -318,9 +320,7 @@ def build_graph(
     slot_cols = g.op("Where", real, members, g.const("pad_col", V, i64))
     inf = g.op("Expand", g.const("inf", np.inf, np.float32), g.op("Shape", slot_cols))
     distance = g.op("ScatterElements", distance, slot_cols, inf, axis=1, hint="excluded")
-    distance = g.op(
-        "Slice", distance, g.ints(0), g.ints(V), ax1
-    )  # (B, V)
+    distance = g.op("Slice", distance, g.ints(0), g.ints(V), ax1)  # (B, V)
     k_eff = g.op("Min", g.op("Reshape", k, g.ints(1)), g.ints(V))
     best, songs = g.op("TopK", distance, k_eff, axis=1, largest=0, sorted=1, n_out=2)
     g.nodes.append(helper.make_node("Neg", [best], ["scores"]))
@@ -451,7 +451,8 @@ def _mass_subgraph(
 
     m_out = member_factors(out_m, "mass_member", attention=False)
     m_att = member_factors(att_m, "mass_att_member", attention=True)
-    user_rows = g.op("Where", g.op("GreaterOrEqual", uniq, zero_i), uniq, g.const("unk", n_users, i64))
+    known = g.op("GreaterOrEqual", uniq, zero_i)
+    user_rows = g.op("Where", known, uniq, g.const("unknown_row", n_users, i64))  # (U,)
 
     def offsets(table: np.ndarray, hint: str) -> str:
         rows = g.op("Gather", g.const(hint, _f32(table)), user_rows, axis=0)  # (U, d+1)
@@ -512,3 +513,318 @@ def _mass_subgraph(
     per_row = g.op("Reshape", per_row, g.ints(0, 0, -1))  # (U, R, V_pad)
     o = g.op("GatherND", per_row, where)  # (B, V_pad) back to the input rows
     return g.op("Slice", o, g.ints(0), g.ints(V + pad_cols), ax1)  # (B, V + pad)
+
+
+# -- from the runs directory to exported/ ---------------------------------------------------------
+
+
+@dataclass
+class Source:
+    """One checkpoint the export reads."""
+
+    role: str  # "mdr", "mass" or "fusion"
+    run: str
+    path: Path
+
+    def describe(self, ckpt: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "run": self.run,
+            "path": str(self.path),
+            "sha256": _sha256(self.path),
+            "model": ckpt.get("model"),
+            "config": ckpt.get("config"),
+            "epoch": ckpt.get("epoch"),
+            "valid": ckpt.get("valid"),
+            "masr_version": ckpt.get("masr_version"),
+        }
+
+
+@dataclass
+class ExportResult:
+    """What ``export_model`` wrote."""
+
+    path: Path
+    metadata: dict[str, Any]
+    files: list[Path] = field(default_factory=list)
+
+
+def sidecar(model_path: str | Path, what: str) -> Path:
+    """The file next to the model: ``json`` or an id map (``songs``, ``playlists``, ``users``)."""
+    model_path = Path(model_path)
+    suffix = ".json" if what == "json" else f".{what}.parquet"
+    return model_path.with_name(model_path.name + suffix)
+
+
+def resolve_sources(runs_dir: str | Path, kind: str | None) -> tuple[str, list[Source]]:
+    """(kind, checkpoints) to export: the parts' best checkpoints, else the fusion run's.
+
+    Without ``kind``: AMASR when its parts (or its fusion run) exist, else MASR."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise MasrError(f"--runs {runs_dir}: no such directory; train first (masr train)")
+    looked: list[str] = []
+    for candidate in [kind] if kind else ["amasr", "masr"]:
+        mdr_run, mass_run, fusion_run = _KIND_RUNS[candidate]
+        parts = [(role, run) for role, run in (("mdr", mdr_run), ("mass", mass_run)) if run]
+        paths = [(role, run, runs_dir / run / "best.pt") for role, run in parts]
+        looked += [str(p) for _, _, p in paths]
+        if all(p.is_file() for _, _, p in paths):
+            return candidate, [Source(role, run, p) for role, run, p in paths]
+        if fusion_run is not None:
+            fused = runs_dir / fusion_run / "best.pt"
+            looked.append(str(fused))
+            if fused.is_file():
+                return candidate, [Source("fusion", fusion_run, fused)]
+    what = kind or "AMASR or MASR"
+    raise MasrError(
+        f"--runs {runs_dir}: no trained {what} (looked for {', '.join(looked)}); "
+        f"train it first: masr train --model {kind or 'amasr'}"
+    )
+
+
+def load_sources(
+    sources: list[Source],
+) -> tuple[Recommender | None, Recommender | None, float | None, list[dict[str, Any]], str]:
+    """(MDR part, MASS part, the fusion run's α or None, source descriptions, data fingerprint)."""
+    from masr.checkpoint import build_model, load_checkpoint
+
+    mdr = mass = None
+    alpha: float | None = None
+    described, fingerprints = [], set()
+    for source in sources:
+        ckpt = load_checkpoint(source.path)
+        described.append(source.describe(ckpt))
+        fingerprints.add(str(ckpt.get("data_fingerprint")))
+        model = build_model(ckpt)
+        expected = {"mdr": "mdr", "mass": "mass", "fusion": "masr"}[source.role]
+        if model.name != expected:
+            raise MasrError(f"{source.path}: holds a {model.name} model, expected {expected}")
+        if source.role == "mdr":
+            mdr = model
+        elif source.role == "mass":
+            mass = model
+        else:
+            mdr, mass = model.mdr, model.mass
+            alpha = _fusion_alpha(model, ckpt)
+    if len(fingerprints) > 1:
+        paths = ", ".join(str(s.path) for s in sources)
+        raise MasrError(f"{paths}: trained on different prepared data (fingerprints differ)")
+    if mdr is not None and mass is not None:
+        if (mdr.n_users, mdr.n_songs) != (mass.n_users, mass.n_songs):
+            raise MasrError("the MDR and MASS checkpoints have different user or song counts")
+    return mdr, mass, alpha, described, fingerprints.pop()
+
+
+def _fusion_alpha(model: Any, ckpt: dict[str, Any]) -> float | None:
+    for value in (getattr(model, "alpha", None), (ckpt.get("config") or {}).get("alpha")):
+        if isinstance(value, (int, float)):
+            return float(value)
+        if hasattr(value, "item"):
+            return float(value.item())
+    return None
+
+
+def locate_data(
+    runs_dir: Path, sources: list[Source], fingerprint: str, override: Path | None
+) -> Path:
+    """The prepared-data directory the checkpoints were trained on (for the id maps).
+
+    ``override`` (``--data``) when given; else the path each run recorded in run.json (as
+    written, then relative to the runs directory's parent), then ``data/``. The manifest's
+    fingerprint must equal the checkpoints'."""
+    from masr.runs import read_run_json
+
+    if override is not None:
+        candidates = [Path(override)]
+    else:
+        candidates = []
+        for source in sources:
+            info = read_run_json(runs_dir / source.run) or {}
+            recorded = (info.get("data") or {}).get("path")
+            if recorded:
+                candidates += [Path(recorded), runs_dir.resolve().parent / recorded]
+        candidates.append(Path("data"))
+    seen: list[str] = []
+    for path in candidates:
+        manifest = path / "manifest.json"
+        if str(path) in seen or not manifest.is_file():
+            seen.append(str(path))
+            continue
+        seen.append(str(path))
+        try:
+            found = json.loads(manifest.read_text()).get("fingerprint")
+        except (OSError, ValueError):
+            continue
+        if found == fingerprint:
+            return path
+        if override is not None:
+            raise MasrError(
+                f"--data {path}: prepared data {found} is not the data the checkpoints were "
+                f"trained on ({fingerprint})"
+            )
+    raise MasrError(
+        f"no prepared data with fingerprint {fingerprint} (looked in {', '.join(seen)}); "
+        "point to it with --data DIR"
+    )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _id_maps(data_dir: Path, n_songs: int) -> dict[str, pl.DataFrame]:
+    """Index -> original id tables of the prepared data, restricted to the model's catalog."""
+    try:
+        songs = pl.read_parquet(data_dir / "songs.parquet")
+        playlists = pl.read_parquet(data_dir / "playlists.parquet")
+        users = pl.read_parquet(data_dir / "users.parquet")
+    except Exception as exc:  # polars raises several types for missing or corrupt files
+        raise MasrError(f"{data_dir}: cannot read the id tables ({exc})") from None
+    songs = songs.filter(pl.col("song_idx") < n_songs).sort("song_idx")
+    if songs.height != n_songs:
+        raise MasrError(
+            f"{data_dir}: songs.parquet has {songs.height} catalog songs, the model {n_songs}"
+        )
+    return {
+        "songs": songs,
+        "playlists": playlists.select("playlist_idx", "playlist_id", "user_idx").sort(
+            "playlist_idx"
+        ),
+        "users": users.select("user_idx", "user_id").sort("user_idx"),
+    }
+
+
+def export_model(
+    runs_dir: str | Path = "runs",
+    out: str | Path = "exported/masr.onnx",
+    config: ExportConfig | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ExportResult:
+    """Export the runs' MDR/MASS parts to ``out`` plus its metadata JSON and id maps.
+
+    Every file is written aside and renamed; parent folders are created."""
+    config = config or ExportConfig()
+    config.validate()
+    say = log or (lambda _msg: None)
+    runs_dir, out = Path(runs_dir), Path(out)
+    if out.exists() and out.is_dir():
+        raise MasrError(f"--out {out}: is a directory; give a file name (e.g. {out}/masr.onnx)")
+    kind, sources = resolve_sources(runs_dir, config.model)
+    say(f"exporting {kind} from {', '.join(str(s.path) for s in sources)}")
+    mdr, mass, fused_alpha, described, fingerprint = load_sources(sources)
+    if mdr is not None and mass is not None:
+        alpha = next(a for a in (config.alpha, fused_alpha, 0.5) if a is not None)
+    else:
+        alpha = 1.0 if mass is None else 0.0
+    part = mdr if mdr is not None else mass
+    sizes = part.sizes()
+    data_dir = locate_data(runs_dir, sources, fingerprint, config.data)
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    maps = _id_maps(data_dir, sizes["n_songs"])
+    for name, frame, expected in (
+        ("playlists", maps["playlists"], sizes["n_playlists"]),
+        ("users", maps["users"], sizes["n_users"]),
+    ):
+        if frame.height != expected:
+            raise MasrError(
+                f"{data_dir}: {name}.parquet has {frame.height} rows, the model {expected}"
+            )
+
+    graph = build_graph(
+        mdr_weights(mdr) if mdr is not None else None,
+        mass_weights(mass) if mass is not None else None,
+        alpha,
+        chunk=config.chunk,
+        unknown_user=config.unknown_user,
+        **sizes,
+    )
+    files: list[Path] = []
+    id_maps: dict[str, dict[str, Any]] = {}
+    for name in ID_MAPS:
+        path = sidecar(out, name)
+        with atomic_path(path) as tmp:
+            maps[name].write_parquet(tmp)
+            id_maps[name] = {"file": path.name, "rows": maps[name].height, "sha256": _sha256(tmp)}
+        files.append(path)
+
+    dims = {}
+    if mdr is not None:
+        dims["mdr"] = int(mdr.config.dim)
+    if mass is not None:
+        dims["mass"] = int(mass.config.dim)
+    metadata: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "model": kind,
+        "alpha": alpha,
+        "dims": dims,
+        "sizes": sizes,
+        "opset": OPSET,
+        "ir_version": IR_VERSION,
+        "chunk": config.chunk,
+        "unknown_user": config.unknown_user,
+        "unknown_index": UNKNOWN,
+        "inputs": {
+            "users": "int64 (B,) user index, -1 = unknown",
+            "playlists": "int64 (B,) playlist index, -1 = unknown (fold-in)",
+            "members": "int64 (B, L) member song indices, -1 = padding",
+            "k": "int64 scalar, songs per playlist",
+        },
+        "outputs": {
+            "songs": "int64 (B, K) song indices, best first",
+            "scores": "float32 (B, K) negated fused distance, higher is better",
+        },
+        "sources": described,
+        "data": {
+            "fingerprint": fingerprint,
+            "checksum": manifest.get("checksum"),
+            "path": str(data_dir),
+            "input": manifest.get("input"),
+        },
+        "id_maps": id_maps,
+        "masr_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    identity = json.dumps(
+        [metadata["sources"], alpha, config.chunk, config.unknown_user, id_maps], sort_keys=True
+    )
+    metadata["export_id"] = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    for key, value in metadata.items():  # every value JSON-encoded (strings quoted)
+        entry = graph.metadata_props.add()
+        entry.key, entry.value = key, json.dumps(value)
+    onnx.checker.check_model(graph, full_check=True)
+
+    with atomic_path(out) as tmp:
+        onnx.save_model(graph, tmp)
+    files.insert(0, out)
+    meta_path = sidecar(out, "json")
+    with atomic_file(meta_path, "w") as fh:
+        json.dump(metadata, fh, indent=2)
+        fh.write("\n")
+    files.insert(1, meta_path)
+    size_mb = os.path.getsize(out) / 1e6
+    say(f"wrote {out} ({size_mb:.1f} MB), {meta_path.name} and the id maps")
+    return ExportResult(path=out, metadata=metadata, files=files)
+
+
+def metadata_of(model: onnx.ModelProto) -> dict[str, Any]:
+    """The masr metadata stored in an ONNX model's ``metadata_props`` (values JSON-decoded)."""
+    return {entry.key: json.loads(entry.value) for entry in model.metadata_props}
+
+
+__all__ = [
+    "KINDS",
+    "ExportConfig",
+    "ExportResult",
+    "build_graph",
+    "export_model",
+    "mass_weights",
+    "mdr_weights",
+    "metadata_of",
+    "sidecar",
+]

@@ -10,10 +10,10 @@ docs/design.md). ``RUNS`` maps each run name to its model class and procedure:
 * ``fuse``: MASR (eq. 20) from the best checkpoints of the two ``parts`` (MDR-like, MASS-like),
   frozen; nothing is trained.
 
-``train_run(name)`` makes a run and whatever it needs: ``amasr`` is mdr -> amdr, mass -> amass,
-fuse, which also leaves ``masr`` (the BPR fusion) behind. A needed run is reused when it
-finished with the same data fingerprint and the same configuration (its *signature*); the run
-asked for is always made again (or continued, with ``resume``).
+``train_run(name)`` makes a run and whatever it needs: ``amasr`` is mdr, mass, their fusion
+masr, then amdr (APR from mdr), amass (APR from mass) and their fusion amasr. A needed run is
+reused when it finished with the same data fingerprint and the same configuration (its
+*signature*); the run asked for is always made again (or continued, with ``resume``).
 
 This module imports torch only inside functions (the CLI imports it for its option defaults).
 """
@@ -58,6 +58,10 @@ class TrainConfig:
     patience: int = 0  # stop after this many epochs without a better validation; 0 = never
     seed: int = 0
     sparse: bool = True  # row-sparse gradients + lazy Adam for embedding tables
+    #: member-reading models: rows of this many consecutive batches are sorted by playlist
+    #: length before batching (then the batches are shuffled), so a batch pads its member
+    #: lists to a similar length instead of to the longest playlist; 0 or 1 = plain shuffle
+    sort_window: int = 50
 
     def validate(self) -> None:
         """MasrError naming the CLI option of the first bad value."""
@@ -70,6 +74,7 @@ class TrainConfig:
             ("--neg-mode", self.neg_mode in NEG_MODES, f"must be one of {', '.join(NEG_MODES)}"),
             ("--max-members", self.max_members >= 1, "must be >= 1"),
             ("--patience", self.patience >= 0, "must be >= 0 (0 turns early stopping off)"),
+            ("sort_window", self.sort_window >= 0, "must be >= 0"),
         ]
         for option, ok, problem in checks:
             if not ok:
@@ -120,6 +125,7 @@ class RunSpec:
     procedure: str = "train"  # "train" (BPR / fit), "apr" or "fuse"
     start_from: str | None = None  # apr: the run whose best checkpoint it starts from
     parts: tuple[str, ...] = ()  # fuse: (MDR-like run, MASS-like run)
+    also: tuple[str, ...] = ()  # runs made first alongside it (amasr also leaves masr)
 
 
 #: run name -> how to make it. Baselines add one line each, e.g. ``"pop": RunSpec("pop")``.
@@ -129,7 +135,15 @@ RUNS: dict[str, RunSpec] = {
     "masr": RunSpec("masr", "fuse", parts=("mdr", "mass")),
     "amdr": RunSpec("mdr", "apr", start_from="mdr"),
     "amass": RunSpec("mass", "apr", start_from="mass"),
-    "amasr": RunSpec("masr", "fuse", parts=("amdr", "amass")),
+    "amasr": RunSpec("masr", "fuse", parts=("amdr", "amass"), also=("masr",)),
+    # Baselines (issue 5): closed-form ones are fit, the others trained like mdr.
+    "pop": RunSpec("pop"),
+    "itemknn": RunSpec("itemknn"),
+    "ease": RunSpec("ease"),
+    "als": RunSpec("als"),
+    "mfbpr": RunSpec("mfbpr"),
+    "cml": RunSpec("cml"),
+    "fism": RunSpec("fism"),
 }
 
 
@@ -182,9 +196,10 @@ def run_spec(name: str) -> RunSpec:
 
 
 def plan(name: str) -> list[str]:
-    """The runs ``name`` needs, dependencies first (``amasr``: mdr, amdr, mass, amass, amasr)."""
+    """The runs ``name`` needs, dependencies first; ``amasr``: mdr, mass, masr, amdr, amass,
+    amasr (the paper's Steps: BPR models, their fusion, APR from them, the adversarial fusion)."""
     spec = run_spec(name)
-    needs = [spec.start_from] if spec.start_from else list(spec.parts)
+    needs = [*spec.also, *([spec.start_from] if spec.start_from else spec.parts)]
     order: list[str] = []
     for dep in needs:
         for r in plan(dep):
@@ -377,6 +392,9 @@ def _make(
         model, ckpt = load_run(runs_dir, spec.start_from or "", data, device)
         log(f"{run}: APR from {start_dir / 'best.pt'} (epoch {ckpt.get('epoch')})")
     else:
+        from masr.seed import set_seed
+
+        set_seed(options.train.seed, deterministic=False)  # the initialisation is seeded too
         model = cls(
             model_config(run, options.model), data.n_users, data.n_playlists, data.n_songs
         )
@@ -514,7 +532,7 @@ def _fit(
     from masr.seed import set_seed
 
     started = time.perf_counter()
-    set_seed(options.train.seed)
+    set_seed(options.train.seed, deterministic=False)
     cls = model_class(spec.model)
     model = cls(model_config(run, options.model), data.n_users, data.n_playlists, data.n_songs)
     model.to(device)

@@ -84,12 +84,13 @@ class TrainResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class LazyAdam(torch.optim.Optimizer):
+class LazyAdam:
     """Adam that updates only the rows present in a sparse gradient (dense gradients: plain Adam).
 
-    ``weight_decay`` is coupled (added to the gradient, as torch.optim.Adam) and, for sparse
-    gradients, applied to the touched rows only. State is plain tensors, so ``state_dict`` goes
-    into a weights_only checkpoint."""
+    ``weight_decay`` is coupled (added to the gradient, as in torch.optim.Adam) and, for sparse
+    gradients, applied to the touched rows only. Written out rather than subclassing
+    torch.optim.Optimizer, whose first use imports torch._dynamo (seconds per process); the
+    state is plain tensors and ints, so ``state_dict`` goes into a weights_only checkpoint."""
 
     def __init__(
         self,
@@ -99,45 +100,61 @@ class LazyAdam(torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
     ):
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        super().__init__(params, defaults)
+        self.params: list[Tensor] = [p for p in params if p.requires_grad]
+        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        self.steps = [0] * len(self.params)
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
-        for group in self.param_groups:
-            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float64)
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                t = float(state["step"])
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                step_size = lr / (1 - b1**t)
-                root_bc2 = math.sqrt(1 - b2**t)
-                grad = p.grad
-                if grad.is_sparse:
-                    grad = grad.coalesce()
-                    rows, g = grad.indices()[0], grad.values()  # (R,), (R, ...)
-                    if wd:
-                        g = g + wd * p.index_select(0, rows)
-                    m_rows = m.index_select(0, rows).mul_(b1).add_(g, alpha=1 - b1)
-                    v_rows = v.index_select(0, rows).mul_(b2).addcmul_(g, g, value=1 - b2)
-                    m.index_copy_(0, rows, m_rows)
-                    v.index_copy_(0, rows, v_rows)
-                    denom = v_rows.sqrt_().div_(root_bc2).add_(eps)
-                    p.index_add_(0, rows, m_rows.div_(denom).mul_(-step_size))
-                else:
-                    if wd:
-                        grad = grad.add(p, alpha=wd)
-                    m.mul_(b1).add_(grad, alpha=1 - b1)
-                    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-                    denom = v.sqrt().div_(root_bc2).add_(eps)
-                    p.addcdiv_(m, denom, value=-step_size)
+    def step(self) -> None:
+        (b1, b2), eps, wd = self.betas, self.eps, self.weight_decay
+        for i, p in enumerate(self.params):
+            grad = p.grad
+            if grad is None:
+                continue
+            self.steps[i] += 1
+            t = self.steps[i]
+            m, v = self.exp_avg[i], self.exp_avg_sq[i]
+            step_size = self.lr / (1 - b1**t)
+            root_bc2 = math.sqrt(1 - b2**t)
+            if grad.is_sparse:
+                grad = grad.coalesce()
+                rows, g = grad.indices()[0], grad.values()  # (R,), (R, ...)
+                if wd:
+                    g = g + wd * p.index_select(0, rows)
+                m_rows = m.index_select(0, rows).mul_(b1).add_(g, alpha=1 - b1)
+                v_rows = v.index_select(0, rows).mul_(b2).addcmul_(g, g, value=1 - b2)
+                m.index_copy_(0, rows, m_rows)
+                v.index_copy_(0, rows, v_rows)
+                denom = v_rows.sqrt_().div_(root_bc2).add_(eps)
+                p.index_add_(0, rows, m_rows.div_(denom).mul_(-step_size))
+            else:
+                if wd:
+                    grad = grad.add(p, alpha=wd)
+                m.mul_(b1).add_(grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+                denom = v.sqrt().div_(root_bc2).add_(eps)
+                p.addcdiv_(m, denom, value=-step_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "steps": list(self.steps),
+            "exp_avg": [t.detach().cpu() for t in self.exp_avg],
+            "exp_avg_sq": [t.detach().cpu() for t in self.exp_avg_sq],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["steps"]) != len(self.params):
+            raise MasrError("last.pt: optimiser state does not match the model; cannot resume")
+        self.steps = [int(s) for s in state["steps"]]
+        for j, (m, v) in enumerate(zip(state["exp_avg"], state["exp_avg_sq"], strict=True)):
+            self.exp_avg[j].copy_(m)
+            self.exp_avg_sq[j].copy_(v)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -167,25 +184,30 @@ def ranking_loss(
     return F.softplus(diff).mean()  # eq. 21: -log sigmoid(o- - o+)
 
 
-def _set_sparse(model: nn.Module, sparse: bool) -> None:
-    for module in model.modules():
-        if isinstance(module, nn.Embedding):
-            module.sparse = sparse
+def _set_sparse(model: nn.Module, sparse: bool) -> dict[nn.Embedding, bool]:
+    """Switch every embedding to (row-)sparse gradients; returns the previous flags."""
+    before = {m: m.sparse for m in model.modules() if isinstance(m, nn.Embedding)}
+    for module in before:
+        module.sparse = sparse or module.sparse
+    return before
 
 
-def _optimizers(model: Recommender, config: TrainConfig) -> list[torch.optim.Optimizer]:
-    """Lazy Adam for the embedding tables (row-sparse gradients), Adam for the rest."""
-    tables = model.embedding_tables() if config.sparse else set()
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    sparse = [p for n, p in named if n in tables]
-    dense = [p for n, p in named if n not in tables]
-    wd = 2 * config.reg  # d/dtheta of lambda * ||theta||^2
-    opts: list[torch.optim.Optimizer] = []
-    if sparse:
-        opts.append(LazyAdam(sparse, lr=config.lr, weight_decay=wd))
-    if dense:
-        opts.append(torch.optim.Adam(dense, lr=config.lr, weight_decay=wd, foreach=True))
-    return opts
+def _sortish(
+    order: Tensor, row_lengths: Tensor, config: TrainConfig, generator: torch.Generator
+) -> Tensor:
+    """Reorder a shuffled ``order`` (N,) so that each window of ``sort_window`` batches is
+    sorted by playlist length, then shuffle the batches: batches stay random samples of rows
+    but each pads its member lists to a similar length (less wasted MASS work)."""
+    n, b = order.shape[0], config.batch_size
+    window = b * config.sort_window
+    key = row_lengths[order]  # (N,)
+    chunk = torch.arange(n, device=order.device) // window  # (N,)
+    by_length = torch.argsort(chunk * (int(key.max()) + 1) + key, stable=True)  # (N,)
+    sorted_rows = order[by_length]
+    full = n // b  # whole batches are shuffled; the short remainder stays last
+    batches = sorted_rows[: full * b].view(full, b)
+    batches = batches[torch.randperm(full, generator=generator, device=order.device)]
+    return torch.cat([batches.flatten(), sorted_rows[full * b :]])
 
 
 def _rng_state(generator: torch.Generator) -> dict[str, Any]:
@@ -238,8 +260,9 @@ def train_model(
     generator.manual_seed(config.seed)
     index = TrainingIndex.from_data(data, device)
     model.to(device)
-    _set_sparse(model, config.sparse)
-    optimizers = _optimizers(model, config)
+    sparse_before = _set_sparse(model, config.sparse)
+    # d/dtheta of lambda * ||theta||^2 is 2 * lambda * theta: Adam's coupled weight decay
+    optimizer = LazyAdam(model.parameters(), lr=config.lr, weight_decay=2 * config.reg)
 
     history: list[dict[str, Any]] = []
     best_epoch, best_valid, bad_epochs, first_epoch = 0, {}, 0, 1
@@ -247,8 +270,7 @@ def train_model(
     elapsed = 0.0
     if resume is not None:
         model.load_state_dict(resume["state_dict"])
-        for opt, state in zip(optimizers, resume["optimizer"], strict=True):
-            opt.load_state_dict(state)
+        optimizer.load_state_dict(resume["optimizer"])
         _load_rng_state(resume["rng"], generator)
         history = list(resume["history"])
         best_epoch, best_valid = int(resume["best_epoch"]), dict(resume["best_valid"])
@@ -257,6 +279,7 @@ def train_model(
 
     n_rows = index.n_rows
     steps = math.ceil(n_rows / config.batch_size)
+    row_lengths = index.lengths(index.playlist)  # (N,) training songs of each row's playlist
     scales: dict[str, Tensor] = {}
     stopped_early = config.patience > 0 and bad_epochs >= config.patience
     progress.start(title or model.name, config.epochs, steps, first_epoch)
@@ -270,6 +293,8 @@ def train_model(
                 # s(Theta) of eq. 23-24, from the parameters as this epoch starts
                 scales = noise_scales(model, adversarial.eps, adversarial.noise)
             order = torch.randperm(n_rows, generator=generator, device=device)  # (N,)
+            if model.uses_members and config.sort_window > 1:
+                order = _sortish(order, row_lengths, config, generator)
             total = torch.zeros((), device=device)
             for step in range(steps):
                 rows = order[step * config.batch_size : (step + 1) * config.batch_size]  # (B,)
@@ -282,8 +307,7 @@ def train_model(
                 )
                 positives = index.song[rows]  # (B,)
                 negatives = sample_negatives(index, batch.playlists, config.neg, generator)
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
+                optimizer.zero_grad()
                 loss = ranking_loss(model, batch, positives, negatives, config.neg_mode)
                 loss.backward()
                 if adversarial is not None and adversarial.reg_adv > 0:
@@ -292,8 +316,7 @@ def train_model(
                         adv = ranking_loss(model, batch, positives, negatives, config.neg_mode)
                         (adversarial.reg_adv * adv).backward()  # eq. 23's second term
                     loss = loss + adversarial.reg_adv * adv.detach()
-                for opt in optimizers:
-                    opt.step()
+                optimizer.step()
                 model.after_step()
                 total += loss.detach()
                 if (step + 1) % 25 == 0 or step + 1 == steps:
@@ -350,7 +373,7 @@ def train_model(
                     data_fingerprint=data.fingerprint,
                     epoch=epoch,
                     valid=valid,
-                    optimizer=[opt.state_dict() for opt in optimizers],
+                    optimizer=optimizer.state_dict(),
                     rng=_rng_state(generator),
                     bad_epochs=bad_epochs,
                     **meta,
@@ -361,7 +384,8 @@ def train_model(
             stopped_early = config.patience > 0 and bad_epochs >= config.patience
     finally:
         progress.finish()
-        _set_sparse(model, False)
+        for module, flag in sparse_before.items():
+            module.sparse = flag
 
     # leave the model holding its best weights
     if run_dir is not None and (run_dir / "best.pt").is_file():

@@ -5,6 +5,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from masr.errors import MasrError
+
 if TYPE_CHECKING:
     from masr.models.base import Recommender
 
@@ -32,3 +34,48 @@ def model_class(name: str) -> type[Recommender]:
     """The class registered under ``name`` (``mdr``, ``mass``, ``itemknn`` ...)."""
     module, _, attr = REGISTRY[name].partition(":")
     return getattr(import_module(module), attr)
+
+
+def parse_settings(names: list[str], items: list[str]) -> dict[str, object]:
+    """``["shrink=10", "alpha=0.75"]`` -> ``{"shrink": 10.0, "alpha": 0.75}``, typed by the config
+    fields of the registered models ``names``; a MasrError names the first bad ``--set`` item."""
+    from dataclasses import MISSING, fields
+
+    known: dict[str, object] = {}
+    for name in names:
+        for f in fields(model_class(name).config_class):
+            if f.name not in known:
+                known[f.name] = f.default if f.default is not MISSING else None
+                known[f.name + ":type"] = str(f.type)
+    settable = sorted(k for k in known if ":" not in k)
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in settable:
+            raise MasrError(
+                f"--set {item}: expected NAME=VALUE with NAME one of "
+                f"{', '.join(settable) or '(none)'} for {'/'.join(names)}"
+            )
+        out[key] = _parse_value(item, text.strip(), known[key], str(known[key + ":type"]))
+    return out
+
+
+def _parse_value(item: str, text: str, default: object, annotation: str) -> object:
+    if "None" in annotation and text.lower() == "none":
+        return None
+    try:
+        if isinstance(default, bool) or annotation == "bool":
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if isinstance(default, int) or annotation.startswith("int"):
+            return int(text)
+        if isinstance(default, float) or annotation.startswith("float"):
+            return float(text)
+    except ValueError:
+        kind = "bool" if isinstance(default, bool) else type(default).__name__
+        raise MasrError(f"--set {item}: {text!r} is not a valid {kind}") from None
+    return text

@@ -1,9 +1,10 @@
 """Shared helpers for the baselines (issue 5): entity choice, member matrices, memory checks.
 
-The closed-form baselines (pop, itemknn, ease, als) compute their state is computed by ``fit`` rather than by gradient steps, and some of it (a sparse
-similarity matrix, a V x V weight matrix) has a size known only after fitting. ``FittedBuffers``
-lets ``build_model`` rebuild such a model from a checkpoint: the named buffers take the shape of
-the tensors being loaded instead of failing ``load_state_dict``'s shape check.
+The closed-form baselines (pop, itemknn, ease, als) compute their state in ``fit`` rather than
+by gradient steps, and some of it (a sparse similarity matrix, a V x V weight matrix) has a size
+known only after fitting. ``FittedBuffers`` lets ``build_model`` rebuild such a model from a
+checkpoint: the named buffers take the shape of the tensors being loaded instead of failing
+``load_state_dict``'s shape check.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from torch import Tensor
 
 from masr.errors import MasrError
 from masr.models.base import Batch
-
 
 # torch marks CSR tensors "beta" with a UserWarning on first use; the operations used here
 # (CSR @ dense, sampled_addmm, CSR @ CSR) are the stable core of it.
@@ -59,8 +59,18 @@ class FittedBuffers:
         super()._load_from_state_dict(state_dict, prefix, *args)  # type: ignore[misc]
 
 
+def sparse_coo(indices: Tensor, values: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """COO tensor from indices we built ourselves (in range by construction: no checks)."""
+    return torch.sparse_coo_tensor(indices, values, shape, check_invariants=False)
+
+
+def sparse_csr(crow: Tensor, col: Tensor, values: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """CSR tensor from arrays of a valid CSR matrix (no invariant checks)."""
+    return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+
+
 def member_indicator(batch: Batch, n_songs: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """(B, V) dense 0/1 matrix of each row's member songs (padding ignored, repeats counted once)."""
+    """(B, V) dense 0/1 matrix of each row's member songs (padding ignored, repeats once)."""
     b = batch.members.shape[0]
     out = torch.zeros(b, n_songs, dtype=dtype, device=batch.members.device)
     # Padded slots add 0 (their mask is False), so they never mark song 0 as a member.
@@ -68,15 +78,17 @@ def member_indicator(batch: Batch, n_songs: int, dtype: torch.dtype = torch.floa
     return out.clamp_(max=1)
 
 
-def member_indicator_sparse(batch: Batch, n_songs: int, dtype: torch.dtype = torch.float32) -> Tensor:
+def member_indicator_sparse(
+    batch: Batch, n_songs: int, dtype: torch.dtype = torch.float32
+) -> Tensor:
     """(B, V) sparse CSR 0/1 matrix of each row's member songs (duplicates counted once)."""
     rows = torch.arange(batch.members.shape[0], device=batch.members.device)
     rows = rows[:, None].expand_as(batch.members)[batch.member_mask]  # (M,)
     cols = batch.members[batch.member_mask]  # (M,)
     values = torch.ones(rows.shape[0], dtype=dtype, device=rows.device)
-    coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), values, (batch.members.shape[0], n_songs))
+    coo = sparse_coo(torch.stack([rows, cols]), values, (batch.members.shape[0], n_songs))
     coo = coo.coalesce()
-    coo = torch.sparse_coo_tensor(coo.indices(), coo.values().clamp(max=1), coo.shape).coalesce()
+    coo = sparse_coo(coo.indices(), coo.values().clamp(max=1), coo.shape).coalesce()
     return coo.to_sparse_csr()
 
 
@@ -98,20 +110,30 @@ def available_memory(device: torch.device) -> int:
         return 2**63 - 1  # unknown platform: do not refuse
 
 
-def gib(n_bytes: float) -> str:
-    """Human-readable size, e.g. ``'15.3 GiB'``."""
-    return f"{n_bytes / 2**30:.1f} GiB"
+def human_bytes(n_bytes: float) -> str:
+    """Human-readable size, e.g. ``'15.3 GiB'``, ``'36.0 KiB'``, ``'1000 B'``."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{int(n_bytes)} B"
 
 
 def interaction_matrix(
-    rows: np.ndarray, songs: np.ndarray, n_rows: int, n_songs: int, device: torch.device,
-    *, binary: bool = True,
+    rows: np.ndarray,
+    songs: np.ndarray,
+    n_rows: int,
+    n_songs: int,
+    device: torch.device,
+    *,
+    binary: bool = True,
 ) -> Tensor:
     """(n_rows, V) sparse CSR float32 matrix with a 1 (or the count when ``binary=False``)
     per (row, song) pair of training interactions."""
-    idx = torch.stack([torch.as_tensor(rows, dtype=torch.long), torch.as_tensor(songs, dtype=torch.long)])
+    idx = torch.stack(
+        [torch.as_tensor(rows, dtype=torch.long), torch.as_tensor(songs, dtype=torch.long)]
+    )
     vals = torch.ones(idx.shape[1], dtype=torch.float32)
-    coo = torch.sparse_coo_tensor(idx, vals, (n_rows, n_songs)).coalesce()
+    coo = sparse_coo(idx, vals, (n_rows, n_songs)).coalesce()
     if binary:
-        coo = torch.sparse_coo_tensor(coo.indices(), torch.ones_like(coo.values()), coo.shape).coalesce()
+        coo = sparse_coo(coo.indices(), torch.ones_like(coo.values()), coo.shape).coalesce()
     return coo.to_sparse_csr().to(device)

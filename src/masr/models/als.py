@@ -33,6 +33,7 @@ from masr.models._baseline import (
     entity_count,
     entity_index,
     interaction_matrix,
+    sparse_csr,
 )
 from masr.models.base import Batch, ModelConfig, Recommender
 
@@ -89,11 +90,11 @@ def als_half_step(
     d = y.shape[1]
     # (Y^T Y + reg I): the part of every A_e shared by all entities, (d, d)
     shared = y.t() @ y + reg * torch.eye(d, dtype=y.dtype, device=y.device)
-    extra = torch.sparse_csr_tensor(
+    extra = sparse_csr(
         counts.crow_indices(), counts.col_indices(), confidence * counts.values(), counts.shape
     )  # (E, V) sparse: c - 1 = alpha * r on the non-zeros
     # b_e = Y^T C^e p(e) = sum_{s in e} c_es y_s   (p = 1 exactly on the non-zeros)
-    conf = torch.sparse_csr_tensor(
+    conf = sparse_csr(
         counts.crow_indices(), counts.col_indices(), 1.0 + extra.values(), counts.shape
     )
     b = torch.sparse.mm(conf, y)  # (E, d)
@@ -101,7 +102,7 @@ def als_half_step(
     def apply_a(p: Tensor) -> Tensor:
         # A_e p_e = (Y^T Y + reg I) p_e + sum_{s in e} (c_es - 1) (y_s . p_e) y_s
         dots = torch.sparse.sampled_addmm(extra, p, y.t(), beta=0.0)  # (E, V) sparse y_s . p_e
-        weighted = torch.sparse_csr_tensor(
+        weighted = sparse_csr(
             extra.crow_indices(), extra.col_indices(), dots.values() * extra.values(), extra.shape
         )
         return p @ shared + torch.sparse.mm(weighted, y)  # (E, d)
@@ -120,8 +121,11 @@ class ALS(Recommender):
     def __init__(self, config: ALSConfig, n_users: int, n_playlists: int, n_songs: int):
         super().__init__(config, n_users, n_playlists, n_songs)
         check_entity("als", config.entity)
-        for option, value in (("--dim", config.dim), ("iterations", config.iterations),
-                              ("cg_steps", config.cg_steps)):
+        for option, value in (
+            ("--dim", config.dim),
+            ("iterations", config.iterations),
+            ("cg_steps", config.cg_steps),
+        ):
             if value < 1:
                 raise MasrError(f"als: {option} must be >= 1, not {value}")
         if config.reg < 0 or config.confidence < 0:
@@ -135,7 +139,9 @@ class ALS(Recommender):
         rows = data.train_user if cfg.entity == "user" else data.train_playlist
         n_rows = self.entity_factors.shape[0]
         # r: (E, V) counts of the entity's playlists holding each song, and its transpose
-        counts = interaction_matrix(rows, data.train_song, n_rows, self.n_songs, device, binary=False)
+        counts = interaction_matrix(
+            rows, data.train_song, n_rows, self.n_songs, device, binary=False
+        )
         counts_t = interaction_matrix(
             data.train_song, rows, self.n_songs, n_rows, device, binary=False
         )

@@ -23,7 +23,7 @@ from masr.errors import MasrError
 from masr.models._baseline import (
     FittedBuffers,
     available_memory,
-    gib,
+    human_bytes,
     interaction_matrix,
     member_indicator_sparse,
 )
@@ -61,7 +61,9 @@ class EASE(FittedBuffers, Recommender):
     def __init__(self, config: EASEConfig, n_users: int, n_playlists: int, n_songs: int):
         super().__init__(config, n_users, n_playlists, n_songs)
         if not config.reg > 0:
-            raise MasrError(f"ease: --reg must be > 0 (the Gram matrix is singular), not {config.reg}")
+            raise MasrError(
+                f"ease: --reg must be > 0 (the Gram matrix is singular), not {config.reg}"
+            )
         # (V, V) after fit; empty until then so that building the model allocates nothing.
         self.register_buffer("weights", torch.zeros(0, 0))
 
@@ -71,8 +73,9 @@ class EASE(FittedBuffers, Recommender):
         need, free = ease_memory_bytes(v), available_memory(device)
         if need > free:
             raise MasrError(
-                f"ease: the {v:,} x {v:,} song matrix needs {gib(need)} of memory to fit "
-                f"({_PEAK_MATRICES} float32 copies) but only {gib(free)} is free on {device.type}; "
+                f"ease: the {v:,} x {v:,} song matrix needs {human_bytes(need)} of memory to fit "
+                f"({_PEAK_MATRICES} float32 copies) but only {human_bytes(free)} is free on "
+                f"{device.type}; "
                 "use a machine with more memory, or shrink the catalog with "
                 "`masr prep --min-song-playlists`"
             )
@@ -84,7 +87,9 @@ class EASE(FittedBuffers, Recommender):
         chol, info = torch.linalg.cholesky_ex(gram)  # (V, V) lower factor
         del gram
         if int(info) != 0:
-            raise MasrError(f"ease: X^T X + reg I is not positive definite; raise --reg ({self.config.reg})")
+            raise MasrError(
+                f"ease: X^T X + reg I is not positive definite; raise --reg ({self.config.reg})"
+            )
         p = torch.cholesky_inverse(chol)  # (V, V) P = (X^T X + lambda I)^-1
         del chol
         # B = I - P diagMat(1/diag(P)): off the diagonal B[i, j] = -P[i, j] / P[j, j]; diag(B) = 0

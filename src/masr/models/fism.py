@@ -65,7 +65,9 @@ class FISM(Recommender):
         q = self.target_emb(songs)  # (B, C, d)
         # (B, C) sum over members of p_m . q_s, then remove the m == s terms
         sims = q @ p.transpose(1, 2)  # (B, C, L)
-        is_target = (batch.members.unsqueeze(1) == songs.unsqueeze(2)) & batch.member_mask.unsqueeze(1)
+        is_target = (
+            batch.members.unsqueeze(1) == songs.unsqueeze(2)
+        ) & batch.member_mask.unsqueeze(1)
         total = (sims * (~is_target)).sum(-1)  # (B, C)
         count = mask.sum(1, keepdim=True) - is_target.sum(-1)  # (B, C) |M \ {s}|
         score = self.song_bias(songs).squeeze(-1) + self._normalise(count) * total

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from masr.errors import MasrError
-from masr.models._baseline import FittedBuffers, interaction_matrix
+from masr.models._baseline import FittedBuffers, interaction_matrix, sparse_coo, sparse_csr
 from masr.models.base import Batch, ModelConfig, Recommender
 
 if TYPE_CHECKING:
@@ -60,7 +60,9 @@ class ItemKNN(FittedBuffers, Recommender):
         if config.shrink < 0:
             raise MasrError(f"itemknn: --shrink must be >= 0, not {config.shrink}")
         if config.neighbours < 0:
-            raise MasrError(f"itemknn: --neighbours must be >= 0 (0 = all), not {config.neighbours}")
+            raise MasrError(
+                f"itemknn: --neighbours must be >= 0 (0 = all), not {config.neighbours}"
+            )
         self.register_buffer("sim_crow", torch.zeros(n_songs + 1, dtype=torch.long))  # (V+1,)
         self.register_buffer("sim_col", torch.zeros(0, dtype=torch.long))  # (nnz,)
         self.register_buffer("sim_val", torch.zeros(0))  # (nnz,)
@@ -70,7 +72,9 @@ class ItemKNN(FittedBuffers, Recommender):
         cfg = self.config
         v = self.n_songs
         # X: (P, V) binary playlist x song matrix of the training split.
-        x = interaction_matrix(data.train_playlist, data.train_song, data.n_playlists, v, torch.device("cpu"))
+        x = interaction_matrix(
+            data.train_playlist, data.train_song, data.n_playlists, v, torch.device("cpu")
+        )
         xt = x.to_sparse_coo().t().coalesce().to_sparse_csr()  # (V, P)
         co = torch.sparse.mm(xt, x).to_sparse_coo().coalesce()  # (V, V) co-occurrence counts
         cand, memb = co.indices()  # row = candidate s, column = member m (C is symmetric)
@@ -91,7 +95,7 @@ class ItemKNN(FittedBuffers, Recommender):
             rank = torch.arange(cand.shape[0]) - starts[cand]
             keep = rank < cfg.neighbours
             cand, memb, sim = cand[keep], memb[keep], sim[keep]
-        csr = torch.sparse_coo_tensor(torch.stack([memb, cand]), sim, (v, v)).coalesce().to_sparse_csr()
+        csr = sparse_coo(torch.stack([memb, cand]), sim, (v, v)).coalesce().to_sparse_csr()
         self.sim_crow = csr.crow_indices().to(device)
         self.sim_col = csr.col_indices().to(device)
         self.sim_val = csr.values().to(device)
@@ -99,7 +103,7 @@ class ItemKNN(FittedBuffers, Recommender):
     def similarity(self) -> Tensor:
         """(V, V) sparse CSR: entry (m, s) is sim(m -> s)."""
         v = self.n_songs
-        return torch.sparse_csr_tensor(self.sim_crow, self.sim_col, self.sim_val, (v, v))
+        return sparse_csr(self.sim_crow, self.sim_col, self.sim_val, (v, v))
 
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         b = batch.members.shape[0]
@@ -115,7 +119,9 @@ class ItemKNN(FittedBuffers, Recommender):
         entry = torch.repeat_interleave(start, length) + offset  # (T,) positions in sim_col
         dist = torch.zeros(b * self.n_songs, device=row.device, dtype=self.sim_val.dtype)
         # distance(s) = -sum over members m of sim(m -> s)   (negated while adding: no copy)
-        dist.index_add_(0, entry_row * self.n_songs + self.sim_col[entry], self.sim_val[entry], alpha=-1)
+        dist.index_add_(
+            0, entry_row * self.n_songs + self.sim_col[entry], self.sim_val[entry], alpha=-1
+        )
         return dist.view(b, self.n_songs)  # (B, V)
 
     def _sorted_keys(self) -> Tensor:

@@ -22,14 +22,19 @@ Public API used by training and export (keep in sync with masr.export):
                                                         embedding; the playlist is its members)
     MASS.distance(batch, songs (B, C)) -> (B, C)       members are gathered once per row and shared
                                                         by the C candidates (positive + negatives)
-    MASS.full_distance(batch, chunk=2048) -> (B, V)    GEMM form; rows of the same user share the
-                                                        user-dependent query tensor
+    MASS.full_distance(batch, chunk=256) -> (B, V)     GEMM form; rows of the same user share the
+                                                        user-dependent query tensors
     MASS.full_distance_from_vectors(u (B, d), u_att (B, d), members (B, L), member_mask (B, L),
-                                    chunk=2048) -> (B, V)
+                                    chunk=1024) -> (B, V)
         the export entry point: u / u_att are user vectors of the output and attention tables
         (mean user vectors for an unknown user); members are song indices. The loop over song
         chunks depends only on n_songs and chunk (static), never on tensor values; B and L are
-        dynamic.
+        dynamic (tests/test_models_onnx.py traces it with torch.onnx.export).
+    MASS.full_distance_grouped(u (G, d), u_att (G, d), members (G, R, L), member_mask (G, R, L),
+                               chunk=1024) -> (G, R, V)
+        the same for G users with R playlists each (a caller groups rows by user; all-padding
+        rows fill the gaps): each user's queries are built once per song chunk.
+    masked_softmin, pairwise_mahalanobis_sq, weighted_pairwise_sq: the pieces, module-level.
 
 Initialisation: embeddings N(0, σ²) with σ = init_std or 1/dim; B3 = B4 = 1; song bias 0;
 query_init "reference" sets W1 = W2 = [-I | I] and b1 = b2 = 0 (the authors' choice: the query
@@ -190,9 +195,7 @@ class MASS(Recommender):
         users = batch.users
         uniq, group, counts = torch.unique(users, return_inverse=True, return_counts=True)
         n_groups, n_rows = uniq.numel(), int(counts.max()) if users.numel() else 1
-        if (
-            n_groups * n_rows > 2 * users.numel()
-        ):  # too uneven: padding would cost more than sharing
+        if n_groups * n_rows > 2 * users.numel():  # too uneven: padding would cost more
             uniq, group, n_rows = users, torch.arange(users.numel(), device=users.device), 1
             n_groups = users.numel()
         # slot of each row within its group: rank among the rows of the same user

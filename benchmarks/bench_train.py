@@ -1,0 +1,182 @@
+"""Benchmark training speed: seconds per BPR epoch of MDR and MASS on AOTM-2011.
+
+    python benchmarks/bench_train.py [--models mdr,mass] [--batch-sizes 256,default]
+                                     [--cores 2] [--max-seconds 120] [--skip-cuda]
+
+Targets (issue 3): CPU (2 cores) MDR <= 4 s/epoch, MASS <= 30 s/epoch; GPU MDR <= 0.5 s,
+MASS <= 2 s. The paper reports 173 s (MDR) and 375 s (MASS) per epoch on a GTX 1080 Ti.
+
+The data is `masr prep` of ../shared/data/aotm2011.csv.gz (or $MASR_BENCH_DATA), prepared once
+into bench-out/train-aotm/ and reused while the input is unchanged. Each measurement is one
+epoch of the real training loop (`masr.train.train_model`: sampling, forward, backward, lazy
+Adam), validation excluded. On CPU the process is pinned to --cores cores with as many torch
+threads (and also measured with 1 thread); an epoch still running after --max-seconds is
+stopped and its time extrapolated from the steps done (marked "extrapolated"). Figures go to
+bench-out/train.json and a summary to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench-out"
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "aotm2011.csv.gz"
+TARGETS = {("mdr", "cpu"): 4.0, ("mass", "cpu"): 30.0, ("mdr", "cuda"): 0.5, ("mass", "cuda"): 2.0}
+
+
+class _Stop(Exception):
+    """Raised from the progress hook when an epoch exceeds the time budget."""
+
+
+def prepared(source: Path) -> Path:
+    """bench-out/train-aotm, (re)made when the input file changed."""
+    from masr.prep import prepare
+
+    out = OUT / "train-aotm"
+    stamp = f"{source.resolve()}:{source.stat().st_size}:{source.stat().st_mtime_ns}"
+    stamp_file = OUT / "train-aotm.source"
+    fresh = stamp_file.is_file() and stamp_file.read_text() == stamp
+    if not fresh or not (out / "manifest.json").is_file():
+        print(f"preparing {source} -> {out}", file=sys.stderr)
+        prepare(source, out)
+        stamp_file.write_text(stamp)
+    return out
+
+
+def one_epoch(model_name: str, data, device: str, batch_size: int, max_seconds: float) -> dict:
+    """Seconds of one training epoch (validation excluded)."""
+    import torch
+
+    from masr.models import model_class
+    from masr.runs import TrainConfig
+    from masr.train import TrainProgress, train_model
+
+    torch.manual_seed(0)
+    cls = model_class(model_name)
+    model = cls(cls.config_class(), data.n_users, data.n_playlists, data.n_songs)
+    steps_total = -(-len(data.train_song) // batch_size)
+
+    class Clock(TrainProgress):
+        def __init__(self) -> None:
+            self.t0 = 0.0
+            self.done = 0
+
+        def start(self, title: str, epochs: int, steps: int, first_epoch: int) -> None:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            self.t0 = time.perf_counter()
+
+        def step(self, done: int, loss: float) -> None:  # called every 25 steps
+            self.done = done
+            if time.perf_counter() - self.t0 > max_seconds and done < steps_total:
+                raise _Stop
+
+    clock = Clock()
+    config = TrainConfig(epochs=1, batch_size=batch_size)
+    try:
+        result = train_model(model, data, config, device=device, progress=clock)
+        seconds, extrapolated = result.history[0]["train_seconds"], False
+    except _Stop:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = (time.perf_counter() - clock.t0) / clock.done * steps_total
+        extrapolated = True
+    return {
+        "model": model_name,
+        "device": device,
+        "batch_size": batch_size,
+        "threads": torch.get_num_threads() if device == "cpu" else None,
+        "steps_per_epoch": steps_total,
+        "measured_steps": clock.done if extrapolated else steps_total,
+        "seconds_per_epoch": round(seconds, 3),
+        "extrapolated": extrapolated,
+        "target_s": TARGETS.get((model_name, device)),
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="mdr,mass")
+    parser.add_argument(
+        "--batch-sizes", default="256,default", help="comma list; 'default' = TrainConfig's"
+    )
+    parser.add_argument("--cores", type=int, default=2, help="CPU cores to pin to (0: all)")
+    parser.add_argument("--max-seconds", type=float, default=120.0)
+    parser.add_argument("--skip-cuda", action="store_true")
+    parser.add_argument("--skip-cpu", action="store_true")
+    args = parser.parse_args(argv)
+
+    source = Path(os.environ.get("MASR_BENCH_DATA", DEFAULT_DATA))
+    if not source.is_file():
+        print(f"bench_train: no data at {source} (set MASR_BENCH_DATA)", file=sys.stderr)
+        return 2
+    OUT.mkdir(exist_ok=True)
+    if args.cores and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > args.cores:
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cores]))
+    import torch
+
+    from masr.dataset import load_prepared
+    from masr.runs import TrainConfig
+
+    data = load_prepared(prepared(source))
+    default_bs = TrainConfig().batch_size
+    sizes = sorted(
+        {default_bs if b == "default" else int(b) for b in args.batch_sizes.split(",") if b}
+    )
+    models = [m for m in args.models.split(",") if m]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    results = []
+    plans: list[tuple[str, int | None]] = []
+    if not args.skip_cpu:
+        plans += [("cpu", cores), ("cpu", 1)]
+    if torch.cuda.is_available() and not args.skip_cuda:
+        plans.append(("cuda", None))
+    for device, threads in plans:
+        if threads:
+            torch.set_num_threads(threads)
+        for model in models:
+            for bs in sizes:
+                r = one_epoch(model, data, device, bs, args.max_seconds)
+                results.append(r)
+                mark = " (extrapolated)" if r["extrapolated"] else ""
+                print(
+                    f"{model:5s} {device:4s} threads={r['threads']} batch={bs:6d}: "
+                    f"{r['seconds_per_epoch']:8.2f} s/epoch{mark}  target {r['target_s']}",
+                    file=sys.stderr,
+                )
+    report = {
+        "benchmark": "train",
+        "what": "seconds per BPR training epoch (validation excluded), default model configs",
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cpu_count": os.cpu_count(),
+            "pinned_cores": cores,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        },
+        "data": {
+            "source": str(source),
+            "train_rows": int(len(data.train_song)),
+            "playlists": data.n_playlists,
+            "songs": data.n_songs,
+            "users": data.n_users,
+        },
+        "train_config": TrainConfig().to_dict(),
+        "results": results,
+    }
+    (OUT / "train.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {OUT / 'train.json'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,553 @@
+"""Bulk, offline playlist continuation with an exported model and ONNX Runtime (no torch).
+
+``score_file(input, model)`` reads a playlist file in the ``masr prep`` input format (one row per
+member song: user id, playlist id, track id; CSV, TSV or Parquet, optionally gzipped) in chunks,
+groups the rows by playlist, maps the original ids to the model's indices (``-1`` = unknown: the
+graph folds the playlist / user in, see ``masr.export``), scores batches of playlists in the
+ONNX graph and writes, for each playlist in input order, K rows
+``playlist_id,rank,track_id,score`` (rank 1 best, score = negated fused distance, higher is
+better). Member songs are never recommended (the graph excludes them).
+
+Streaming: memory holds the model, one read chunk and the batches in flight, whatever the input
+size. A playlist's rows must be adjacent when the input is larger than one read chunk
+(``read_rows``); smaller inputs may be in any order.
+
+Counted and reported in the summary: member rows whose track is not in the catalog (ignored),
+duplicate member rows (ignored), new playlists and users (folded in), and playlists with no
+usable member, which fall back to the user term of MDR and then to song popularity (biases).
+
+Only numpy, polars, onnxruntime (and onnx-free ONNX Runtime metadata) are imported here: this
+module and everything it imports never import torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import polars as pl
+
+from masr.atomic import atomic_file
+from masr.errors import MasrError
+from masr.io import Columns, check_file, detect_format
+
+DEVICES = ("auto", "cpu", "cuda")
+FORMAT = "masr-onnx"
+UNKNOWN = -1
+HEADER = b"playlist_id,rank,track_id,score\n"
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """Options of ``masr score`` (the CLI fills it)."""
+
+    k: int = 10  # songs per playlist
+    batch_size: int | None = None  # playlists per ONNX Runtime call; None: 64 on CPU, 512 on CUDA
+    device: str = "auto"  # "auto" (CUDA when it really works, else CPU), "cpu" or "cuda"
+    columns: Columns = field(default_factory=Columns)
+    read_rows: int = 200_000  # input rows per read chunk
+    workers: int | None = None  # concurrent ONNX Runtime calls on CPU; None: one per CPU core
+
+    def validate(self) -> None:
+        if self.k < 1:
+            raise MasrError(f"--k {self.k}: must be >= 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise MasrError(f"--batch-size {self.batch_size}: must be >= 1")
+        if self.device not in DEVICES:
+            raise MasrError(f"--device {self.device}: choose one of {', '.join(DEVICES)}")
+        if self.read_rows < 1:
+            raise MasrError(f"read_rows {self.read_rows}: must be >= 1")
+        if self.workers is not None and self.workers < 1:
+            raise MasrError(f"workers {self.workers}: must be >= 1")
+
+
+@dataclass
+class ScoreSummary:
+    """Counts for the summary line."""
+
+    playlists: int = 0
+    rows: int = 0
+    new_playlists: int = 0  # playlist id not in the model: folded in from its members
+    new_user_playlists: int = 0  # playlists whose user is not in the model
+    unknown_song_rows: int = 0  # member rows whose track is not in the catalog (ignored)
+    duplicate_rows: int = 0  # repeated (playlist, track) rows (ignored)
+    fallback_playlists: int = 0  # no usable member: user term, then song popularity
+    short_playlists: int = 0  # fewer than K songs left to recommend
+    provider: str = "cpu"
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        """The one summary line printed on stderr."""
+        parts = [
+            f"scored {self.playlists:,} playlists ({self.rows:,} rows) in {self.seconds:.1f} s "
+            f"on {self.provider.upper()}",
+            f"{self.new_playlists:,} new playlists and {self.new_user_playlists:,} with a new user "
+            "folded in",
+            f"{self.unknown_song_rows:,} rows with unknown songs ignored",
+        ]
+        if self.duplicate_rows:
+            parts.append(f"{self.duplicate_rows:,} duplicate rows ignored")
+        parts.append(
+            f"{self.fallback_playlists:,} playlists without a known song "
+            "(ranked by user taste, then popularity)"
+        )
+        if self.short_playlists:
+            parts.append(f"{self.short_playlists:,} with fewer than K songs left")
+        return " · ".join(parts)
+
+
+# -- the exported model -------------------------------------------------------------------------
+
+
+def _sidecar(model_path: Path, what: str) -> Path:
+    suffix = ".json" if what == "json" else f".{what}.parquet"
+    return model_path.with_name(model_path.name + suffix)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _quiet_onnxruntime() -> Any:
+    """Import ONNX Runtime with its C++ logger silenced (no CUDA load errors on stderr)."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(4)  # FATAL only
+    return ort
+
+
+def _cuda_usable(ort: Any) -> bool:
+    """Whether the CUDA provider is in this build; its libraries are preloaded when the
+    ``onnxruntime-gpu[cuda,cudnn]`` wheels provide them (preload prints on stdout: captured)."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return False
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(Exception):
+            preload()
+    return True
+
+
+class Engine:
+    """An ONNX Runtime session of a masr graph (any ``.onnx`` from ``masr.export``), batching and
+    concurrent calls. On CPU, ``workers`` single-threaded calls run side by side (they scale
+    better than intra-op threads); on CUDA one call at a time."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        device: str = "auto",
+        workers: int | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        path = Path(path)
+        if not path.exists():
+            raise MasrError(f"--model {path}: no such file; export one first (masr export)")
+        if path.is_dir():
+            raise MasrError(f"--model {path}: is a directory, expected an .onnx file")
+        self.path = path
+        ort = _quiet_onnxruntime()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        cores = max(1, cores or 1)
+        self.session, self.provider = self._session(ort, device, workers or cores, cores)
+        self.workers = 1 if self.provider == "cuda" else (workers or cores)
+        self.batch_size = batch_size or (512 if self.provider == "cuda" else 64)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _session(self, ort: Any, device: str, workers: int, cores: int) -> tuple[Any, str]:
+        options = ort.SessionOptions()
+        options.log_severity_level = 4
+        options.intra_op_num_threads = 1 if workers > 1 else cores
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if device != "cpu" and _cuda_usable(ort):
+            # exact float32 products (no TF32), so CPU and CUDA agree
+            providers.insert(0, ("CUDAExecutionProvider", {"use_tf32": "0"}))
+        try:
+            session = ort.InferenceSession(str(self.path), options, providers=providers)
+        except Exception as exc:
+            text = " ".join(str(exc).split())[:200]
+            raise MasrError(f"--model {self.path}: not a readable ONNX model ({text})") from None
+        provider = "cuda" if "CUDAExecutionProvider" in session.get_providers() else "cpu"
+        if device == "cuda" and provider != "cuda":
+            raise MasrError(
+                "--device cuda: ONNX Runtime cannot use CUDA here (no GPU, or CUDA/cuDNN "
+                "libraries missing: pip install 'onnxruntime-gpu[cuda,cudnn]'); "
+                "use --device cpu"
+            )
+        names = {i.name for i in session.get_inputs()} | {o.name for o in session.get_outputs()}
+        if not {"users", "playlists", "members", "k", "songs", "scores"} <= names:
+            raise MasrError(f"--model {self.path}: not a masr graph (inputs/outputs {names})")
+        return session, provider
+
+    def top_k(
+        self, users: np.ndarray, playlists: np.ndarray, members: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(songs (B, K) int64, scores (B, K) float32) for one batch; -1 = unknown/padding."""
+        songs, scores = self.session.run(
+            ["songs", "scores"],
+            {
+                "users": np.ascontiguousarray(users, dtype=np.int64),
+                "playlists": np.ascontiguousarray(playlists, dtype=np.int64),
+                "members": np.ascontiguousarray(members, dtype=np.int64),
+                "k": np.array(k, dtype=np.int64),
+            },
+        )
+        return songs, scores
+
+    def recommend(
+        self, users: np.ndarray, playlists: np.ndarray, members: list[np.ndarray], k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-K for n playlists given as index arrays and member lists: (songs (n, K), scores
+        (n, K)), in the given order. Batches group each user's playlists (see ``plan_batches``)
+        and run ``workers`` at a time."""
+        n = len(users)
+        batches = plan_batches(users, np.array([len(m) for m in members]), self.batch_size)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.workers)
+        futures = [
+            self._pool.submit(self.top_k, users[rows], playlists[rows], pad(members, rows), k)
+            for rows in batches
+        ]
+        songs = np.zeros((n, k), dtype=np.int64)
+        scores = np.full((n, k), -np.inf, dtype=np.float32)
+        for rows, future in zip(batches, futures, strict=True):
+            batch_songs, batch_scores = future.result()
+            width = batch_songs.shape[1]  # < k only when k exceeds the catalog
+            songs[rows, :width], scores[rows, :width] = batch_songs, batch_scores
+        return songs, scores
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+class ExportedModel(Engine):
+    """An exported model ready to score: the engine plus its metadata and id maps."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        device: str = "auto",
+        workers: int | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        super().__init__(path, device, workers, batch_size)
+        self.metadata = self._metadata()
+        sizes = self.metadata["sizes"]
+        self.n_songs = int(sizes["n_songs"])
+        maps = self._id_maps(sizes)
+        self.songs = maps["songs"].select(
+            pl.col("track_id").cast(pl.String), pl.col("song_idx").cast(pl.Int64)
+        )
+        self.track_ids = self.songs.sort("song_idx")["track_id"]  # (V,) index -> track id
+        self.playlists = maps["playlists"].select(
+            pl.col("playlist_id").cast(pl.String), pl.col("playlist_idx").cast(pl.Int64)
+        )
+        self.users = maps["users"].select(
+            pl.col("user_id").cast(pl.String), pl.col("user_idx").cast(pl.Int64)
+        )
+
+    def _metadata(self) -> dict[str, Any]:
+        raw = self.session.get_modelmeta().custom_metadata_map
+        try:
+            meta = {key: json.loads(value) for key, value in raw.items()}
+        except ValueError:
+            meta = {}
+        if meta.get("format") != FORMAT:
+            raise MasrError(f"--model {self.path}: not a masr export (no masr metadata)")
+        side = _sidecar(self.path, "json")
+        if side.is_file():
+            try:
+                export_id = json.loads(side.read_text()).get("export_id")
+            except (OSError, ValueError):
+                raise MasrError(f"{side}: unreadable metadata file") from None
+            if export_id != meta.get("export_id"):
+                raise MasrError(
+                    f"{side}: belongs to another export than {self.path.name}; export again"
+                )
+        return meta
+
+    def _id_maps(self, sizes: dict[str, int]) -> dict[str, pl.DataFrame]:
+        expected = {"songs": "n_songs", "playlists": "n_playlists", "users": "n_users"}
+        maps = {}
+        for name, entry in self.metadata.get("id_maps", {}).items():
+            path = self.path.with_name(entry["file"])
+            if not path.is_file():
+                raise MasrError(f"{path}: id map missing next to {self.path.name}; export again")
+            if _sha256(path) != entry["sha256"]:
+                raise MasrError(f"{path}: does not belong to {self.path.name}; export again")
+            try:
+                maps[name] = pl.read_parquet(path)
+            except Exception as exc:
+                raise MasrError(f"{path}: unreadable id map ({type(exc).__name__})") from None
+            if maps[name].height != int(sizes[expected[name]]):
+                raise MasrError(f"{path}: {maps[name].height} rows, the model expects more")
+        missing = sorted(set(expected) - set(maps))
+        if missing:
+            raise MasrError(f"--model {self.path}: metadata lists no {', '.join(missing)} id map")
+        return maps
+
+
+# -- reading the input --------------------------------------------------------------------------
+
+
+def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
+    """A lazy frame with String columns ``user, playlist, track`` (missing columns: one line)."""
+    head = check_file(path)
+    kind, gz = detect_format(path, head)
+    if kind == "parquet":
+        if gz:
+            raise MasrError(f"{path}: gzipped Parquet is not supported; decompress it first")
+        lf = pl.scan_parquet(path)
+    else:
+        lf = pl.scan_csv(
+            path, separator="\t" if kind == "tsv" else ",", infer_schema=False, quote_char='"'
+        )
+    try:
+        names = lf.collect_schema().names()
+    except pl.exceptions.NoDataError:
+        raise MasrError(f"{path}: empty file (no header or data)") from None
+    except Exception as exc:
+        raise MasrError(f"{path}: unreadable file ({_one_line(exc)})") from None
+    wanted = {"user": columns.user, "playlist": columns.playlist, "track": columns.track}
+    missing = [name for name in wanted.values() if name not in names]
+    if missing:
+        option = {v: k for k, v in wanted.items()}
+        hint = ", ".join(f"--{option[m]}-col" for m in missing)
+        found = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise MasrError(
+            f"{path}: missing column {', '.join(repr(m) for m in missing)} (found: {found}); "
+            f"name the right one with {hint}"
+        )
+    return lf.select(pl.col(v).cast(pl.String).alias(k) for k, v in wanted.items())
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:200] + "...") if len(text) > 200 else (text or type(exc).__name__)
+
+
+def _playlist_chunks(path: Path, columns: Columns, read_rows: int) -> Iterator[pl.DataFrame]:
+    """Chunks of input rows that hold complete playlists (the last playlist of a read chunk
+    waits for the next one). A playlist met again after it was scored is an error."""
+    lf = _scan(path, columns)
+    carry: pl.DataFrame | None = None
+    done = np.empty(0, dtype=np.uint64)  # hashes of the playlists already scored
+    any_rows = False
+    try:
+        batches = lf.collect_batches(chunk_size=read_rows)
+        for frame in batches:
+            if frame.height == 0:
+                continue
+            any_rows = True
+            nulls = frame["playlist"].is_null()
+            if nulls.any():
+                raise MasrError(f"{path}: {int(nulls.sum())} row(s) have an empty playlist id")
+            if carry is not None:
+                frame = pl.concat([carry, frame])
+            last = frame["playlist"][-1]
+            tail = frame["playlist"] == last
+            carry, ready = frame.filter(tail), frame.filter(~tail)
+            if ready.height:
+                done = _check_new(ready, done, path)
+                yield ready
+    except MasrError:
+        raise
+    except Exception as exc:  # polars raises several error types for malformed files
+        raise MasrError(f"{path}: unreadable or malformed file ({_one_line(exc)})") from None
+    if not any_rows:
+        raise MasrError(f"{path}: no data rows (only a header)")
+    if carry is not None and carry.height:
+        _check_new(carry, done, path)
+        yield carry
+
+
+def _check_new(frame: pl.DataFrame, done: np.ndarray, path: Path) -> np.ndarray:
+    ids = frame["playlist"].unique()
+    hashes = ids.hash(seed=0).to_numpy()
+    again = np.isin(hashes, done)
+    if again.any():
+        pid = ids.filter(pl.Series(again))[0]
+        raise MasrError(
+            f"{path}: the rows of playlist {pid!r} are not adjacent; group the input by "
+            "playlist (e.g. sort it by the playlist column) to score it in chunks"
+        )
+    return np.union1d(done, hashes)
+
+
+# -- scoring --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    """One chunk's playlists, mapped to indices, in input order."""
+
+    playlist_ids: pl.Series  # (n,) original ids
+    users: np.ndarray  # (n,) int64, -1 unknown
+    playlists: np.ndarray  # (n,) int64, -1 unknown
+    members: list[np.ndarray]  # n arrays of catalog song indices (unique, input order)
+
+
+def _prepare(frame: pl.DataFrame, model: ExportedModel, summary: ScoreSummary) -> _Prepared:
+    """Map ids, group rows into playlists and count. A playlist's user is, as in
+    ``masr prep``, the user with most of its rows (ties: the smallest id)."""
+    frame = (
+        frame.with_row_index("row")
+        .join(model.songs, left_on="track", right_on="track_id", how="left")
+        .sort("row")
+    )
+    summary.rows += frame.height
+    summary.unknown_song_rows += int(frame["song_idx"].is_null().sum())
+    owners = (
+        frame.group_by("playlist", "user")
+        .len()
+        .sort(["len", "user"], descending=[True, False], nulls_last=True)
+        .unique("playlist", keep="first")
+        .select("playlist", pl.col("user").alias("owner"))
+    )
+    grouped = (
+        frame.group_by("playlist", maintain_order=True)
+        .agg(
+            pl.col("song_idx").drop_nulls().unique(maintain_order=True).alias("members"),
+            pl.col("song_idx").drop_nulls().len().alias("known_rows"),
+        )
+        .with_row_index("order")
+        .join(owners, on="playlist", how="left")
+        .join(model.users, left_on="owner", right_on="user_id", how="left")
+        .join(model.playlists, left_on="playlist", right_on="playlist_id", how="left")
+        .sort("order")
+        .with_columns(pl.col("user_idx", "playlist_idx").fill_null(UNKNOWN))
+    )
+    n_members = grouped["members"].list.len().to_numpy().astype(np.int64)
+    summary.duplicate_rows += int(grouped["known_rows"].sum() - n_members.sum())
+    users = grouped["user_idx"].to_numpy().astype(np.int64)
+    playlists = grouped["playlist_idx"].to_numpy().astype(np.int64)
+    summary.playlists += grouped.height
+    summary.new_playlists += int((playlists == UNKNOWN).sum())
+    summary.new_user_playlists += int((users == UNKNOWN).sum())
+    summary.fallback_playlists += int((n_members == 0).sum())
+    flat = grouped["members"].explode().drop_nulls().to_numpy().astype(np.int64)
+    members = np.split(flat, np.cumsum(n_members)[:-1]) if len(n_members) else []
+    return _Prepared(
+        playlist_ids=grouped["playlist"],
+        users=users,
+        playlists=playlists,
+        members=members,
+    )
+
+
+def plan_batches(users: np.ndarray, n_members: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Row positions per ONNX call. The graph builds each user's queries once per batch, so a
+    user's playlists go together, and similar-sized groups share a batch (the graph pads every
+    user to the largest group and every playlist to the longest member list in the batch)."""
+    if len(users) == 0:
+        return []
+    _, group, group_size = np.unique(users, return_inverse=True, return_counts=True)
+    # biggest user groups first; inside a group, playlists by member count
+    order = np.lexsort((n_members, group, -group_size[group]))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def pad(members: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """(B, L) member indices of ``rows``, padded with -1 (L >= 1)."""
+    lengths = np.array([len(members[r]) for r in rows], dtype=np.int64)
+    out = np.full((len(rows), max(1, int(lengths.max(initial=0)))), UNKNOWN, dtype=np.int64)
+    if lengths.sum():
+        flat = np.concatenate([members[r] for r in rows])
+        row_of = np.repeat(np.arange(len(rows)), lengths)
+        col_of = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        out[row_of, col_of] = flat
+    return out
+
+
+def _rows_out(
+    prepared: _Prepared, songs: np.ndarray, scores: np.ndarray, model: ExportedModel
+) -> pl.DataFrame:
+    """The output rows of one chunk (input order, rank 1 first; -inf scores dropped)."""
+    n, k = songs.shape
+    frame = pl.DataFrame(
+        {
+            "playlist_id": prepared.playlist_ids.gather(np.repeat(np.arange(n), k)),
+            "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), n),
+            "track_id": model.track_ids.gather(songs.reshape(-1)),
+            "score": scores.reshape(-1),
+        }
+    )
+    return frame.filter(pl.col("score").is_finite())
+
+
+def score_file(
+    input: str | Path,
+    model: str | Path = "exported/masr.onnx",
+    out: str | Path | None = None,
+    config: ScoreConfig | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ScoreSummary:
+    """Score every playlist of ``input`` with the exported ``model``; CSV to ``out`` (written
+    aside, renamed when complete) or to stdout. Returns the counts of the summary line."""
+    config = config or ScoreConfig()
+    config.validate()
+    say = log or (lambda _msg: None)
+    started = time.perf_counter()
+    input = Path(input)
+    _scan(input, config.columns)  # input problems first, before loading the model
+    if out is not None and Path(out).is_dir():
+        raise MasrError(f"--out {out}: is a directory; give a file name")
+    exported = ExportedModel(model, config.device, config.workers, config.batch_size)
+    summary = ScoreSummary(provider=exported.provider)
+    say(
+        f"ONNX Runtime on {exported.provider.upper()}: {exported.metadata.get('model')} "
+        f"({exported.n_songs:,} songs), {exported.workers} worker(s), "
+        f"batches of {exported.batch_size}"
+    )
+    try:
+        if out is None:
+            _write_all(input, exported, sys.stdout.buffer, config, summary)
+        else:
+            with atomic_file(out, "wb") as fh:
+                _write_all(input, exported, fh, config, summary)
+    finally:
+        exported.close()
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _write_all(
+    input: Path, model: ExportedModel, fh: IO[bytes], config: ScoreConfig, summary: ScoreSummary
+) -> None:
+    """Read, score and write chunk by chunk."""
+    k = min(config.k, model.n_songs)
+    fh.write(HEADER)
+    for frame in _playlist_chunks(input, config.columns, config.read_rows):
+        prepared = _prepare(frame, model, summary)
+        songs, scores = model.recommend(prepared.users, prepared.playlists, prepared.members, k)
+        summary.short_playlists += int((~np.isfinite(scores[:, -1])).sum())
+        _rows_out(prepared, songs, scores, model).write_csv(fh, include_header=False)
+        fh.flush()
+
+
+__all__ = [
+    "Engine",
+    "ExportedModel",
+    "ScoreConfig",
+    "ScoreSummary",
+    "pad",
+    "plan_batches",
+    "score_file",
+]

@@ -1,0 +1,178 @@
+"""`masr export` and `masr score` through the CLI: CliRunner for the happy paths and the error
+lines, and a subprocess in which torch cannot be imported at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from masr_cli.main import app
+
+runner = CliRunner()
+
+ROWS = "user_id,playlist_id,track_id\nu0,p0,s1\nu0,p0,s2\nu9,fresh,s40\nu9,fresh,unknown\n"
+
+#: Runs `masr` with torch hidden from the import system, as in a scoring-only install.
+NO_TORCH = textwrap.dedent(
+    """
+    import sys
+    from importlib.machinery import PathFinder
+
+    class HideTorch:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] == "torch":
+                return None
+            return self.inner.find_spec(name, path, target)
+
+        def invalidate_caches(self):
+            self.inner.invalidate_caches()
+
+    sys.meta_path[:] = [HideTorch(f) if f is PathFinder else f for f in sys.meta_path]
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        raise SystemExit("torch is still importable")
+    from masr_cli.main import app
+    try:
+        app(sys.argv[1:], prog_name="masr")
+    finally:
+        assert "torch" not in sys.modules
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """runs/mdr and runs/mass (random weights) trained on the planted data (48 songs s0..s47)."""
+    import torch
+    from conftest import write_planted
+
+    from masr.checkpoint import save_checkpoint
+    from masr.dataset import load_prepared
+    from masr.models.mass import MASS, MASSConfig
+    from masr.models.mdr import MDR, MDRConfig
+
+    root = tmp_path_factory.mktemp("cli")
+    data_dir = write_planted(root / "data")
+    data = load_prepared(data_dir)
+    torch.manual_seed(1)
+    sizes = (data.n_users, data.n_playlists, data.n_songs)
+    for run, model in (
+        ("mdr", MDR(MDRConfig(dim=8), *sizes)),
+        ("mass", MASS(MASSConfig(dim=8), *sizes)),
+    ):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+        (root / "runs" / run).mkdir(parents=True)
+        save_checkpoint(root / "runs" / run / "best.pt", model, data_fingerprint=data.fingerprint)
+        info = {"data": {"path": str(data_dir), "fingerprint": data.fingerprint}}
+        (root / "runs" / run / "run.json").write_text(json.dumps(info))
+    return root / "runs"
+
+
+@pytest.fixture(scope="module")
+def model(runs: Path) -> Path:
+    out = runs.parent / "exported" / "masr.onnx"
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(out)])
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert result.stdout == ""  # export prints nothing on stdout
+    assert "exported masr" in result.stderr
+    return out
+
+
+def test_score_writes_csv_on_stdout_and_the_summary_on_stderr(tmp_path: Path, model: Path) -> None:
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    result = runner.invoke(app, ["score", str(src), "--model", str(model), "--k", "3"])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "playlist_id,rank,track_id,score" and len(lines) == 1 + 2 * 3
+    assert [line.split(",")[:2] for line in lines[1:4]] == [["p0", "1"], ["p0", "2"], ["p0", "3"]]
+    summary = [line for line in result.stderr.splitlines() if line.startswith("scored")]
+    assert len(summary) == 1 and "1 rows with unknown songs ignored" in summary[0]
+    assert "ONNX Runtime on CPU" in result.stderr
+
+
+def test_score_out_file_and_defaults_from_the_working_directory(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(model.parent.parent)  # exported/masr.onnx is the default --model
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    out = tmp_path / "recs.csv"
+    result = runner.invoke(app, ["score", str(src), "--out", str(out), "--device", "cpu"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    recs = pl.read_csv(out)
+    assert recs.height == 20 and recs["rank"].max() == 10
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["score", "{tmp}/missing.csv", "--model", "{model}"], "missing.csv: no such file"),
+        (["score", "{tmp}", "--model", "{model}"], "is a directory"),
+        (["score", "{tmp}/in.csv", "--model", "{tmp}/none.onnx"], "no such file; export one"),
+        (["score", "{tmp}/in.csv", "--model", "{model}", "--k", "0"], "--k 0: must be >= 1"),
+        (
+            ["score", "{tmp}/in.csv", "--model", "{model}", "--track-col", "uri"],
+            "missing column 'uri'",
+        ),
+        (["export", "--runs", "{tmp}/runs"], "no such directory"),
+        (["export", "--runs", "{runs}", "--model", "amasr"], "no trained amasr"),
+        (["export", "--runs", "{runs}", "--alpha", "2"], "--alpha 2.0: must be between 0 and 1"),
+    ],
+)
+def test_errors_are_one_line_with_exit_1(
+    tmp_path: Path, model: Path, runs: Path, args: list[str], message: str
+) -> None:
+    (tmp_path / "in.csv").write_text(ROWS)
+    out = tmp_path / "o.csv"
+    filled = [a.format(tmp=tmp_path, model=model, runs=runs) for a in args]
+    result = runner.invoke(app, [*filled, *(["--out", str(out)] if args[0] == "score" else [])])
+    assert result.exit_code == 1, (result.stdout, result.stderr)
+    assert result.stderr.startswith("masr: error: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_help_teaches_the_options() -> None:
+    for command, options in (
+        ("score", ["--model", "--k", "--out", "--device", "--batch-size", "--user-col",
+                   "--playlist-col", "--track-col"]),
+        ("export", ["--runs", "--model", "--alpha", "--out"]),
+    ):  # fmt: skip
+        result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0
+        for option in options:
+            assert option in result.stdout
+
+
+def test_score_runs_where_torch_is_not_installed(tmp_path: Path, model: Path) -> None:
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, "score", str(src), "--model", str(model), "--k", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "playlist_id,rank,track_id,score"
+    assert len(proc.stdout.splitlines()) == 1 + 2 * 2
+    assert "scored 2 playlists" in proc.stderr

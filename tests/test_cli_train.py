@@ -1,0 +1,143 @@
+"""`masr train` and `masr evaluate` end to end through Typer's CliRunner, on planted data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from masr.checkpoint import load_checkpoint
+from masr.evaluate import metric_names
+from masr_cli.main import app
+
+runner = CliRunner()
+TINY = ["--epochs", "2", "--adv-epochs", "1", "--batch-size", "32", "--lr", "0.02", "--dim", "8"]
+SIX = {"mdr", "mass", "masr", "amdr", "amass", "amasr"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors gain nothing from intra-op threads; on a busy machine they cost a lot."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _ok(args: list[str]):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    return result
+
+
+def _fails(args: list[str], *fragments: str) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("masr: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def amasr_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """One `masr train --model amasr` on planted data, shared by the tests below."""
+    from conftest import write_planted
+
+    root = tmp_path_factory.mktemp("cli")
+    data = write_planted(root / "data")
+    runs = root / "runs"
+    result = runner.invoke(
+        app, ["train", "--model", "amasr", "--data", str(data), "--runs", str(runs), *TINY]
+    )
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    return data, runs, result.stderr
+
+
+def test_train_amasr_leaves_six_evaluable_runs(amasr_runs: tuple[Path, Path, str]) -> None:
+    data, runs, stderr = amasr_runs
+    assert {p.name for p in runs.iterdir() if (p / "best.pt").is_file()} == SIX
+    assert "valid hit@10" in stderr  # per-epoch validation lines
+    info = json.loads((runs / "amdr" / "run.json").read_text())
+    assert info["status"] == "finished" and info["start_from"] == "mdr"
+    assert len(info["history"]) == 1 and info["best"]["epoch"] == 1
+    fused = load_checkpoint(runs / "amasr" / "best.pt")
+    assert fused["model"] == "masr" and fused["parts"] == ["amdr", "amass"]
+    assert fused["alpha"] == 0.5
+
+    result = _ok(["evaluate", "--data", str(data), "--runs", str(runs), "--json", "-"])
+    metrics = json.loads(result.stdout)
+    assert set(metrics) == SIX
+    for run in SIX:
+        assert set(metrics[run]) == {"sampled", "full"}
+        for protocol in ("sampled", "full"):
+            assert list(metrics[run][protocol]) == metric_names()
+            assert 0.0 <= metrics[run][protocol]["ndcg@10"] <= metrics[run][protocol]["hit@10"]
+    assert metrics["amasr"]["sampled"]["hit@10"] > 0.5  # planted groups are easy
+    for label in ("AMASR", "not yet run", "sampled"):
+        assert label in result.stderr
+
+
+def test_train_again_reuses_the_chain(amasr_runs: tuple[Path, Path, str]) -> None:
+    data, runs, _ = amasr_runs
+    chain = ("mdr", "mass", "amdr", "amass")
+    stamps = {r: (runs / r / "best.pt").stat().st_mtime_ns for r in chain}
+    result = _ok(["train", "--model", "amasr", "--data", str(data), "--runs", str(runs), *TINY])
+    assert "reusing" in result.stderr
+    assert stamps == {r: (runs / r / "best.pt").stat().st_mtime_ns for r in stamps}
+
+
+def test_evaluate_selected_models_json_file_and_plot(
+    amasr_runs: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    data, runs, _ = amasr_runs
+    out, png = tmp_path / "m.json", tmp_path / "hits.png"
+    base = ["evaluate", "--data", str(data), "--runs", str(runs)]
+    pick = ["--model", "mdr", "--model", "amasr"]
+    result = _ok([*base, *pick, "--json", str(out), "--plot", str(png)])
+    assert result.stdout == ""
+    assert set(json.loads(out.read_text())) == {"mdr", "amasr"}
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    valid = json.loads(_ok([*base, "--model", "mdr", "--split", "valid", "--json", "-"]).stdout)
+    best = load_checkpoint(runs / "mdr" / "best.pt")["valid"]
+    assert valid["mdr"]["sampled"]["hit@10"] == pytest.approx(best["hit@10"], abs=1e-6)
+    _fails([*base, "--model", "nope"], "--model nope")
+    _fails([*base, "--plot", str(tmp_path / "x.txt")], "--plot")
+
+
+def test_resume_continues_a_run(tmp_path: Path) -> None:
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    args = ["train", "--model", "mdr", "--data", str(data), "--runs", str(tmp_path / "runs")]
+    fast = ["--batch-size", "32", "--lr", "0.02", "--dim", "8"]
+    _ok([*args, *fast, "--epochs", "2"])
+    result = _ok([*args, "--epochs", "3", "--resume"])  # other options come from the run
+    assert "resuming" in result.stderr
+    info = json.loads((tmp_path / "runs" / "mdr" / "run.json").read_text())
+    assert [h["epoch"] for h in info["history"]] == [1, 2, 3]
+    assert info["train_config"]["batch_size"] == 32
+
+
+def test_user_errors_are_one_line(tmp_path: Path) -> None:
+    _fails(["train", "--model", "mdr", "--data", str(tmp_path / "none")], "manifest.json")
+    _fails(["evaluate", "--data", str(tmp_path / "none")], "manifest.json")
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    _fails(["train", "--data", str(data), "--batch-size", "0"], "--batch-size")
+    _fails(["evaluate", "--data", str(data), "--runs", str(tmp_path / "empty")], "no trained runs")
+    if not torch.cuda.is_available():
+        _fails(["train", "--data", str(data), "--device", "cuda"], "--device cuda")
+
+
+def test_help_teaches_the_defaults() -> None:
+    text = _ok(["train", "--help"]).stdout
+    for option in ("--model", "--neg-mode", "--patience", "--eps", "--noise", "--resume"):
+        assert option in text
+    assert "amasr" in text

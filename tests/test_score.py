@@ -1,0 +1,238 @@
+"""masr.score: streaming bulk scoring with ONNX Runtime (output format, counts, chunking, errors,
+no torch on the import path)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from masr.errors import MasrError
+from masr.io import Columns
+from masr.score import ExportedModel, ScoreConfig, score_file
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An AMASR export of random-weight checkpoints on the planted data (48 songs s0..s47,
+    users u0..u11, playlists p0..p35)."""
+    import torch
+    from conftest import write_planted
+
+    from masr.checkpoint import save_checkpoint
+    from masr.dataset import load_prepared
+    from masr.export import ExportConfig, export_model
+    from masr.models.mass import MASS, MASSConfig
+    from masr.models.mdr import MDR, MDRConfig
+
+    root = tmp_path_factory.mktemp("scoring")
+    data_dir = write_planted(root / "data")
+    data = load_prepared(data_dir)
+    torch.manual_seed(0)
+    sizes = (data.n_users, data.n_playlists, data.n_songs)
+    for run, model in (
+        ("amdr", MDR(MDRConfig(dim=8), *sizes)),
+        ("amass", MASS(MASSConfig(dim=8, query_init="default"), *sizes)),
+    ):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+        (root / "runs" / run).mkdir(parents=True)
+        save_checkpoint(root / "runs" / run / "best.pt", model, data_fingerprint=data.fingerprint)
+        info = {"data": {"path": str(data_dir), "fingerprint": data.fingerprint}}
+        (root / "runs" / run / "run.json").write_text(json.dumps(info))
+    out = root / "exported" / "masr.onnx"
+    export_model(root / "runs", out, ExportConfig(chunk=16))
+    return out
+
+
+def write_csv(
+    path: Path, rows: list[tuple[str, str, str]], header: str = "user_id,playlist_id,track_id"
+) -> Path:
+    path.write_text(header + "\n" + "".join(",".join(r) + "\n" for r in rows))
+    return path
+
+
+ROWS = [
+    ("u0", "p0", "s1"),
+    ("u0", "p0", "s2"),
+    ("u0", "p0", "nope"),  # unknown song: ignored, counted
+    ("u0", "p0", "s2"),  # duplicate: ignored, counted
+    ("u9", "fresh", "s40"),  # new playlist of a known user: folded in
+    ("u9", "fresh", "s41"),
+    ("newbie", "solo", "s7"),  # new user, new playlist
+    ("u3", "empty", "zzz"),  # no usable member: fallback
+]
+
+
+def read_out(path: Path) -> pl.DataFrame:
+    return pl.read_csv(path, schema_overrides={"playlist_id": pl.String, "track_id": pl.String})
+
+
+def test_output_format_order_and_counts(tmp_path: Path, exported: Path) -> None:
+    src = write_csv(tmp_path / "in.csv", ROWS)
+    out = tmp_path / "recs.csv"
+    summary = score_file(src, exported, out, ScoreConfig(k=5))
+    assert out.read_text().splitlines()[0] == "playlist_id,rank,track_id,score"
+    recs = read_out(out)
+    assert recs["playlist_id"].unique(maintain_order=True).to_list() == [
+        "p0",
+        "fresh",
+        "solo",
+        "empty",
+    ]
+    assert recs["rank"].to_list() == [1, 2, 3, 4, 5] * 4
+    for pid, group in recs.group_by("playlist_id"):
+        scores = group["score"].to_numpy()
+        assert (np.diff(scores) <= 0).all()  # rank 1 best, higher is better
+        own = {t for u, p, t in ROWS if p == pid[0]}
+        assert not own & set(group["track_id"].to_list())  # members never recommended
+        assert set(group["track_id"].to_list()) <= {f"s{i}" for i in range(48)}
+    assert (summary.playlists, summary.rows) == (4, 8)
+    assert (summary.unknown_song_rows, summary.duplicate_rows) == (2, 1)
+    assert (summary.new_playlists, summary.new_user_playlists) == (3, 1)
+    assert summary.fallback_playlists == 1 and summary.provider == "cpu"
+    assert "4 playlists" in summary.line()
+
+
+def test_scores_equal_a_direct_call_of_the_graph(tmp_path: Path, exported: Path) -> None:
+    """Ids map to the right indices: the CSV equals the graph run on hand-mapped indices."""
+    src = write_csv(tmp_path / "in.csv", ROWS[:2] + ROWS[4:6])
+    score_file(src, exported, tmp_path / "o.csv", ScoreConfig(k=4))
+    recs = read_out(tmp_path / "o.csv")
+    model = ExportedModel(exported, "cpu")
+    songs, scores = model.top_k(
+        np.array([0, 9]), np.array([0, -1]), np.array([[1, 2], [40, 41]]), 4
+    )
+    assert recs["track_id"].to_list() == [f"s{i}" for i in songs.reshape(-1)]
+    np.testing.assert_allclose(recs["score"].to_numpy(), scores.reshape(-1), rtol=1e-6)
+
+
+def test_chunked_reading_gives_the_same_output(tmp_path: Path, exported: Path) -> None:
+    rows = [(f"u{i % 12}", f"p{i}", f"s{(i * 7 + j) % 48}") for i in range(36) for j in range(4)]
+    src = write_csv(tmp_path / "in.csv", rows)
+    whole, chunked = tmp_path / "a.csv", tmp_path / "b.csv"
+    score_file(src, exported, whole, ScoreConfig(k=3))
+    score_file(src, exported, chunked, ScoreConfig(k=3, read_rows=5, batch_size=4, workers=2))
+    assert whole.read_text() == chunked.read_text()
+
+
+def test_playlists_may_be_unordered_within_a_read_chunk_but_not_across(
+    tmp_path: Path, exported: Path
+) -> None:
+    rows = [("u0", "p0", "s1"), ("u1", "p1", "s5"), ("u0", "p0", "s2"), ("u1", "p1", "s6")]
+    src = write_csv(tmp_path / "in.csv", rows)
+    summary = score_file(src, exported, tmp_path / "ok.csv", ScoreConfig(k=2))
+    assert summary.playlists == 2
+    out = tmp_path / "bad.csv"
+    with pytest.raises(MasrError, match="playlist 'p0' are not adjacent"):
+        score_file(src, exported, out, ScoreConfig(k=2, read_rows=1))
+    assert not out.exists()  # no partial --out
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("kind", ["tsv", "csv.gz", "parquet"])
+def test_other_input_formats_and_column_names(tmp_path: Path, exported: Path, kind: str) -> None:
+    frame = pl.DataFrame({"owner": ["u0", "u0"], "pid": ["p0", "p0"], "uri": ["s1", "s2"]})
+    path = tmp_path / f"in.{kind}"
+    if kind == "tsv":
+        frame.write_csv(path, separator="\t")
+    elif kind == "csv.gz":
+        path.write_bytes(gzip.compress(frame.write_csv().encode()))
+    else:
+        frame.write_parquet(path)
+    columns = Columns(user="owner", playlist="pid", track="uri")
+    summary = score_file(path, exported, tmp_path / "o.csv", ScoreConfig(k=3, columns=columns))
+    assert summary.playlists == 1 and read_out(tmp_path / "o.csv").height == 3
+
+
+def test_k_larger_than_the_free_catalog_returns_what_is_left(
+    tmp_path: Path, exported: Path
+) -> None:
+    rows = [("u0", "big", f"s{i}") for i in range(45)]
+    src = write_csv(tmp_path / "in.csv", rows)
+    summary = score_file(src, exported, tmp_path / "o.csv", ScoreConfig(k=100))
+    recs = read_out(tmp_path / "o.csv")
+    assert sorted(recs["track_id"].to_list()) == ["s45", "s46", "s47"]
+    assert summary.short_playlists == 1
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda d: d / "missing.csv", "missing.csv: no such file"),
+        (lambda d: d, "is a directory"),
+        (lambda d: (d / "e.csv").write_text("") or d / "e.csv", "empty file"),
+        (lambda d: write_csv(d / "h.csv", []), "no data rows"),
+        (
+            lambda d: write_csv(d / "c.csv", [("a", "b")], "user_id,playlist_id"),
+            "missing column 'track_id'.*--track-col",
+        ),
+        (lambda d: write_csv(d / "n.csv", [("u0", "", "s1")]), "empty playlist id"),
+    ],
+)
+def test_bad_input_is_one_clear_error_and_no_output(
+    tmp_path: Path, exported: Path, make, match: str
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    with pytest.raises(MasrError, match=match):
+        score_file(make(src), exported, tmp_path / "o.csv")
+    assert not (tmp_path / "o.csv").exists()
+
+
+def test_bad_model_files_are_one_clear_error(tmp_path: Path, exported: Path) -> None:
+    src = write_csv(tmp_path / "in.csv", ROWS[:1])
+    with pytest.raises(MasrError, match="no such file; export one first"):
+        score_file(src, tmp_path / "none.onnx")
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\x08\x07garbage" * 100)
+    with pytest.raises(MasrError, match="not a readable ONNX model"):
+        score_file(src, corrupt)
+    # a copy whose id map was swapped for another export's
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in exported.parent.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    songs = copy / "masr.onnx.songs.parquet"
+    pl.read_parquet(songs).reverse().write_parquet(songs)
+    with pytest.raises(MasrError, match="songs.parquet: does not belong to masr.onnx"):
+        score_file(src, copy / "masr.onnx")
+    songs.unlink()
+    with pytest.raises(MasrError, match="songs.parquet: id map missing"):
+        score_file(src, copy / "masr.onnx")
+    (copy / "masr.onnx.json").write_text(json.dumps({"export_id": "other"}))
+    with pytest.raises(MasrError, match="belongs to another export"):
+        score_file(src, copy / "masr.onnx")
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [(ScoreConfig(k=0), "--k 0"), (ScoreConfig(batch_size=0), "--batch-size 0"),
+     (ScoreConfig(device="tpu"), "--device tpu")],
+)  # fmt: skip
+def test_bad_options(tmp_path: Path, exported: Path, config: ScoreConfig, match: str) -> None:
+    with pytest.raises(MasrError, match=match):
+        score_file(write_csv(tmp_path / "in.csv", ROWS[:1]), exported, config=config)
+
+
+def test_cuda_request_fails_cleanly_without_a_usable_gpu(tmp_path: Path, exported: Path) -> None:
+    model = ExportedModel(exported, "auto")
+    if model.provider == "cuda":
+        pytest.skip("a CUDA device is usable here")
+    with pytest.raises(MasrError, match="--device cuda: ONNX Runtime cannot use CUDA"):
+        ExportedModel(exported, "cuda")
+
+
+def test_the_scoring_path_never_imports_torch() -> None:
+    code = (
+        "import sys, masr, masr.score, masr_cli.score, masr_cli.main\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
