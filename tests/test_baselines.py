@@ -109,7 +109,7 @@ def test_pop_is_the_training_playlist_count(planted: PreparedData) -> None:
 
 
 def _dense_itemknn(data: PreparedData, alpha: float, shrink: float) -> np.ndarray:
-    """sim[m, s] = c_ms / (n_m^(1-alpha) n_s^alpha + shrink), zero diagonal, the obvious way."""
+    """sim[m, s] = c_ms / (n_m^alpha n_s^(1-alpha) + shrink), zero diagonal, the obvious way."""
     x = dense_train(data)
     co = x.T @ x  # (V, V) shared playlists
     n = np.diag(co).copy()  # playlists per song
@@ -117,11 +117,11 @@ def _dense_itemknn(data: PreparedData, alpha: float, shrink: float) -> np.ndarra
     for m in range(len(n)):
         for s in range(len(n)):
             if m != s and co[m, s] > 0:
-                sim[m, s] = co[m, s] / (n[m] ** (1 - alpha) * n[s] ** alpha + shrink)
+                sim[m, s] = co[m, s] / (n[m] ** alpha * n[s] ** (1 - alpha) + shrink)
     return sim
 
 
-@pytest.mark.parametrize(("alpha", "shrink"), [(0.5, 0.0), (0.75, 10.0)])
+@pytest.mark.parametrize(("alpha", "shrink"), [(0.5, 0.0), (0.75, 10.0), (1.0, 0.0)])
 def test_itemknn_matches_a_dense_reference(
     planted: PreparedData, alpha: float, shrink: float
 ) -> None:
@@ -307,7 +307,7 @@ def test_parse_settings_types_and_errors() -> None:
 def test_bad_settings_are_one_line_errors(planted: PreparedData) -> None:
     with pytest.raises(MasrError, match="--entity must be 'user' or 'playlist'"):
         build("mfbpr", planted, entity="song")
-    with pytest.raises(MasrError, match="itemknn: --alpha must lie in"):
+    with pytest.raises(MasrError, match="itemknn: alpha must lie in"):
         build("itemknn", planted, alpha=2.0)
     with pytest.raises(MasrError, match="ease: --reg must be > 0"):
         build("ease", planted, reg=0.0)

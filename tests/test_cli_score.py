@@ -103,7 +103,7 @@ def test_score_writes_csv_on_stdout_and_the_summary_on_stderr(tmp_path: Path, mo
     assert lines[0] == "playlist_id,rank,track_id,score" and len(lines) == 1 + 2 * 3
     assert [line.split(",")[:2] for line in lines[1:4]] == [["p0", "1"], ["p0", "2"], ["p0", "3"]]
     summary = [line for line in result.stderr.splitlines() if line.startswith("scored")]
-    assert len(summary) == 1 and "1 rows with unknown songs ignored" in summary[0]
+    assert len(summary) == 1 and "1 row with unknown songs ignored" in summary[0]
     assert "ONNX Runtime on CPU" in result.stderr
 
 
@@ -176,3 +176,57 @@ def test_score_runs_where_torch_is_not_installed(tmp_path: Path, model: Path) ->
     assert proc.stdout.splitlines()[0] == "playlist_id,rank,track_id,score"
     assert len(proc.stdout.splitlines()) == 1 + 2 * 2
     assert "scored 2 playlists" in proc.stderr
+
+
+def test_example_playlists_fit_the_embedded_dataset(tmp_path: Path) -> None:
+    """examples/playlists.csv holds a playlist of the embedded dataset, a new playlist of a known
+    user, a new user's playlist and a song outside the catalog, and scores as documented."""
+    import torch
+
+    from masr.checkpoint import save_checkpoint
+    from masr.dataset import load_prepared
+    from masr.models.mass import MASS, MASSConfig
+    from masr.models.mdr import MDR, MDRConfig
+
+    data_dir = tmp_path / "data"
+    assert runner.invoke(app, ["prep", "--out", str(data_dir)]).exit_code == 0
+    data = load_prepared(data_dir)
+    example = Path(__file__).resolve().parent.parent / "examples" / "playlists.csv"
+    rows = pl.read_csv(example, infer_schema=False)
+    catalog = set(data.table("songs").filter(pl.col("song_idx") < data.n_songs)["track_id"])
+    assert set(rows["track_id"]) - catalog == {"garage-demo-01"}
+    owners = data.table("playlists").join(data.table("users"), on="user_idx")
+    assert owners.filter(pl.col("playlist_id") == "p00000")["user_id"].to_list() == ["u0000"]
+    assert not set(rows["playlist_id"]) - {"p00000"} & set(owners["playlist_id"])
+    assert "u0001" in set(owners["user_id"]) and "newcomer" not in set(owners["user_id"])
+
+    torch.manual_seed(0)
+    sizes = (data.n_users, data.n_playlists, data.n_songs)
+    for run, model in (
+        ("mdr", MDR(MDRConfig(dim=8), *sizes)),
+        ("mass", MASS(MASSConfig(dim=8), *sizes)),
+    ):
+        (tmp_path / "runs" / run).mkdir(parents=True)
+        save_checkpoint(
+            tmp_path / "runs" / run / "best.pt", model, data_fingerprint=data.fingerprint
+        )
+        info = {"data": {"path": str(data_dir), "fingerprint": data.fingerprint}}
+        (tmp_path / "runs" / run / "run.json").write_text(json.dumps(info))
+    onnx_path = tmp_path / "exported" / "masr.onnx"
+    assert (
+        runner.invoke(
+            app, ["export", "--runs", str(tmp_path / "runs"), "--out", str(onnx_path)]
+        ).exit_code
+        == 0
+    )
+    result = runner.invoke(app, ["score", str(example), "--model", str(onnx_path)])
+    assert result.exit_code == 0, result.stderr
+    recs = pl.read_csv(result.stdout.encode(), infer_schema=False)
+    assert recs["playlist_id"].unique(maintain_order=True).to_list() == [
+        "p00000",
+        "road-trip",
+        "first-mix",
+    ]
+    assert recs.height == 30
+    assert "2 new playlists and 1 playlist of new users folded in" in result.stderr
+    assert "1 row with unknown songs ignored" in result.stderr

@@ -122,6 +122,7 @@ def test_resume_continues_a_run(tmp_path: Path) -> None:
     info = json.loads((tmp_path / "runs" / "mdr" / "run.json").read_text())
     assert [h["epoch"] for h in info["history"]] == [1, 2, 3]
     assert info["train_config"]["batch_size"] == 32
+    _fails([*args, "--epochs", "4", "--lr", "0.5", "--resume"], "cannot --resume", "lr")
 
 
 def test_user_errors_are_one_line(tmp_path: Path) -> None:

@@ -48,6 +48,12 @@ class TableModel(Recommender):
         return self.table[batch.playlists]
 
 
+class MemberTable(TableModel):
+    """The same distances, but declared as reading members: evaluation batches by length."""
+
+    uses_members = True
+
+
 def data_with(
     train: list[list[int]], n_songs: int, test_song: list[int], negatives: list[list[int]]
 ) -> PreparedData:
@@ -139,7 +145,10 @@ def test_full_ranking_batches_agree() -> None:
     index = TrainingIndex.from_data(data)
     model = TableModel(table)
     for fn in (full_ranks, sampled_ranks):
-        assert np.array_equal(fn(model, data.test, index, 4), fn(model, data.test, index, 100))
+        want = fn(model, data.test, index, 100)
+        assert np.array_equal(fn(model, data.test, index, 4), want)
+        # member-reading models are batched by playlist length; ranks come back in case order
+        assert np.array_equal(fn(MemberTable(table), data.test, index, 4), want)
     # slow obvious reference for the full protocol
     ranks = full_ranks(model, data.test, index)
     for i in range(n_play):

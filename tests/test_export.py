@@ -391,6 +391,8 @@ def test_export_chooses_masr_without_adversarial_parts_and_honours_options(
     assert meta["model"] == "mass" and meta["dims"] == {"mass": DIM} and meta["alpha"] == 0.0
     with pytest.raises(MasrError, match="no trained amasr"):
         export_model(runs, tmp_path / "c.onnx", ExportConfig(model="amasr"))
+    with pytest.raises(MasrError, match="--alpha: mdr is one part"):
+        export_model(runs, tmp_path / "d.onnx", ExportConfig(model="mdr", alpha=0.3))
 
 
 def test_export_finds_the_data_by_fingerprint_or_fails_clearly(

@@ -12,10 +12,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from masr.errors import MasrError
 from masr.io import Columns
-from masr.score import ExportedModel, ScoreConfig, score_file
+from masr.score import ExportedModel, ScoreConfig, plan_batches, score_file
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +238,53 @@ def test_the_scoring_path_never_imports_torch() -> None:
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_playlist_belongs_to_the_user_with_most_of_its_rows(
+    tmp_path: Path, exported: Path
+) -> None:
+    """As in masr prep: the majority user (ties: the smallest id) is the playlist's user."""
+    model = ExportedModel(exported, "cpu")
+    mixed = [("u5", "mix", "s1"), ("u2", "mix", "s2"), ("u5", "mix", "s3"), ("u2", "tie", "s4"),
+             ("u1", "tie", "s5")]  # fmt: skip
+    score_file(
+        write_csv(tmp_path / "a.csv", mixed), exported, tmp_path / "a_out.csv", ScoreConfig(k=3)
+    )
+    songs, scores = model.top_k(
+        np.array([5, 1]), np.array([-1, -1]), np.array([[1, 2, 3], [4, 5, -1]]), 3
+    )
+    recs = read_out(tmp_path / "a_out.csv")
+    assert recs["track_id"].to_list() == [f"s{i}" for i in songs.reshape(-1)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(-1, 6), st.integers(0, 20)), min_size=1, max_size=120),
+    st.integers(1, 40),
+    st.integers(1, 10),
+)
+def test_batch_plan_covers_every_playlist_once(rows, batch_size, cap) -> None:
+    users = np.array([u for u, _ in rows])
+    lengths = np.array([n for _, n in rows])
+    batches = plan_batches(users, lengths, batch_size, group_cap=cap)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(len(rows)))
+    assert all(1 <= len(b) <= batch_size for b in batches)
+    unknown = np.flatnonzero(users[flat] == -1)  # new users share one query: kept together
+    assert len(unknown) == 0 or unknown[-1] - unknown[0] == len(unknown) - 1
+
+
+def test_batch_plan_pads_little_and_shares_user_queries() -> None:
+    """AOTM-like skew (geometric playlists per user, one heavy new-user group, 3-20 members):
+    the graph's padded slots (per call: users x most playlists of a user x most members) stay
+    near the real member count, and each user query serves several playlists."""
+    rng = np.random.default_rng(0)
+    users = np.concatenate([np.repeat(np.arange(300), rng.geometric(1 / 6, 300)), np.full(80, -1)])
+    lengths = 3 + rng.poisson(8, len(users))
+    slots = queries = 0
+    for rows in plan_batches(users, lengths, 32):
+        _, per_user = np.unique(users[rows], return_counts=True)
+        slots += len(per_user) * per_user.max() * lengths[rows].max()
+        queries += len(per_user)
+    assert slots / lengths.sum() < 1.6
+    assert len(users) / queries > 3

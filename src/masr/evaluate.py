@@ -70,6 +70,26 @@ def _clean(d: Tensor) -> Tensor:
     return torch.nan_to_num(d, nan=math.inf)
 
 
+def _by_length(model: Recommender, cases: Cases, index: TrainingIndex) -> np.ndarray:
+    """Case order for batching: by playlist length for member-reading models (a batch pads its
+    member lists to its longest playlist, so similar lengths waste less), else as stored."""
+    if not model.uses_members:
+        return np.arange(len(cases))
+    indptr = index.indptr.cpu().numpy()
+    lengths = indptr[cases.playlist + 1] - indptr[cases.playlist]
+    return np.argsort(lengths, kind="stable")
+
+
+def _unsort(parts: list, order: np.ndarray) -> np.ndarray:
+    """Ranks computed in ``order`` put back in case order."""
+    ranks = np.zeros(len(order), dtype=np.int64)
+    if parts:
+        import torch
+
+        ranks[order] = torch.cat(parts).numpy()
+    return ranks
+
+
 def sampled_ranks(
     model: Recommender, cases: Cases, index: TrainingIndex, batch_size: int | None = None
 ) -> np.ndarray:
@@ -84,9 +104,10 @@ def sampled_ranks(
     if batch_size is None:
         members = min(index.max_length, 10_000) if model.uses_members else 1
         batch_size = max(1, min(4096, _BUDGET // (width * members)))
-    playlists_all = torch.as_tensor(cases.playlist, dtype=torch.long)
-    songs_all = torch.as_tensor(cases.song, dtype=torch.long)
-    negs_all = torch.as_tensor(cases.negatives, dtype=torch.long)
+    order = _by_length(model, cases, index)
+    playlists_all = torch.as_tensor(cases.playlist[order], dtype=torch.long)
+    songs_all = torch.as_tensor(cases.song[order], dtype=torch.long)
+    negs_all = torch.as_tensor(cases.negatives[order], dtype=torch.long)
     out = []
     with torch.no_grad():
         for start in range(0, n_cases, batch_size):
@@ -99,7 +120,7 @@ def sampled_ranks(
             d = _clean(model.distance(batch, cand))  # (B, 1+K)
             rank = ((d[:, 1:] <= d[:, :1]) & valid).sum(1)  # (B,)
             out.append(rank.cpu())
-    return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.int64)
+    return _unsort(out, order)
 
 
 def full_ranks(
@@ -115,8 +136,9 @@ def full_ranks(
     v = index.n_songs
     if batch_size is None:
         batch_size = max(1, min(1024, (_BUDGET * 4) // v))
-    playlists_all = torch.as_tensor(cases.playlist, dtype=torch.long)
-    songs_all = torch.as_tensor(cases.song, dtype=torch.long)
+    order = _by_length(model, cases, index)
+    playlists_all = torch.as_tensor(cases.playlist[order], dtype=torch.long)
+    songs_all = torch.as_tensor(cases.song[order], dtype=torch.long)
     out = []
     with torch.no_grad():
         for start in range(0, len(cases), batch_size):
@@ -137,7 +159,7 @@ def full_ranks(
             d_target = d.gather(1, target)  # (B, 1)
             rank = ((d <= d_target) & ~excluded).sum(1)  # (B,)
             out.append(rank.cpu())
-    return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.int64)
+    return _unsort(out, order)
 
 
 def evaluate_model(

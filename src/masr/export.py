@@ -389,8 +389,8 @@ def _mass_subgraph(
         user: np.ndarray, song: np.ndarray, weight: np.ndarray, bias: np.ndarray, metric: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-user offsets |B|⊙(W_u u) with the unknown user's mean appended (n_users+1, d+1),
-        per-song query constants [|B|⊙(W_s s + b), 1] by chunk (n_chunks, chunk, d+1), and
-        |B|⊙s (V, d)."""
+        per-song query constants [|B|⊙(W_s s + b), 1], transposed by chunk (n_chunks, d+1,
+        chunk), and |B|⊙s (V, d)."""
         scale = np.abs(metric.astype(np.float64))  # |B|: ReLU(x)|B| = ReLU(|B| x)
         w_u, w_s = weight[:, :d].astype(np.float64), weight[:, d:].astype(np.float64)
         offsets = (user.astype(np.float64) @ w_u.T) * scale  # (n_users, d)
@@ -399,7 +399,8 @@ def _mass_subgraph(
         queries = np.zeros((v_pad, d + 1))
         queries[:V, :d] = (song.astype(np.float64) @ w_s.T + bias) * scale
         queries[:, d] = 1.0
-        return offsets, queries.reshape(n_chunks, chunk, d + 1), song.astype(np.float64) * scale
+        by_chunk = queries.reshape(n_chunks, chunk, d + 1).transpose(0, 2, 1)
+        return offsets, by_chunk, song.astype(np.float64) * scale
 
     out_off, out_q, out_s = memory(
         mass.user, mass.song, mass.query_weight, mass.query_bias, mass.metric
@@ -446,8 +447,7 @@ def _mass_subgraph(
             rows = g.op("Where", keep, rows, g.const(f"{hint}_closed", closed))
         else:  # padded slots contribute nothing
             rows = g.op("Mul", rows, g.op("Unsqueeze", g_real_f, ax3))
-        flat = g.op("Reshape", rows, flat_shape)  # (U, RL, d+1)
-        return g.op("Transpose", flat, perm=[0, 2, 1], hint=f"{hint}_t")  # (U, d+1, RL)
+        return g.op("Reshape", rows, flat_shape, hint=f"{hint}_flat")  # (U, RL, d+1)
 
     m_out = member_factors(out_m, "mass_member", attention=False)
     m_att = member_factors(att_m, "mass_att_member", attention=True)
@@ -456,7 +456,7 @@ def _mass_subgraph(
 
     def offsets(table: np.ndarray, hint: str) -> str:
         rows = g.op("Gather", g.const(hint, _f32(table)), user_rows, axis=0)  # (U, d+1)
-        return g.op("Unsqueeze", rows, ax1, hint=f"{hint}_u")  # (U, 1, d+1)
+        return g.op("Unsqueeze", rows, ax2, hint=f"{hint}_u")  # (U, d+1, 1)
 
     a_out, a_att = offsets(out_off, "mass_user"), offsets(att_off, "mass_att_user")
     # (U, R, 1) 1 where the row has a member (else only the song bias remains)
@@ -467,23 +467,21 @@ def _mass_subgraph(
         g.const("mass_att_queries", _f32(att_q)),
         g.const("mass_bias", _f32(bias)),
     )
-    one_f = g.const("mass_one_f", 1.0, np.float32)
 
-    # the loop body: one chunk of `chunk` songs (i is the chunk number). The GEMMs give
-    # (U, C, RL); their results are turned to (U, R, L, C) so that the softmin over L and the
-    # pooling work on long contiguous song vectors (a softmax over rows of L ~ 10 is slow).
+    # the loop body: one chunk of C = `chunk` songs (i is the chunk number). Queries are kept
+    # transposed, (U, d+1, C), so every product and reduction below runs along contiguous song
+    # vectors and the GEMMs give (U, RL, C) directly (a softmax over rows of L ~ 10 is slow).
     b = _Graph(prefix="chunk_", shared=g)
     i = "i"
-
-    def per_slot(x: str, hint: str) -> str:  # (U, C, RL) -> (U, R, L, C)
-        return b.op("Reshape", b.op("Transpose", x, perm=[0, 2, 1]), slots_shape, hint=hint)
-
+    norm_row = np.ones((1, d + 1), dtype=np.float32)
+    norm_row[0, d] = 0.0  # the appended 1 is not part of the query
+    norm_row_c = g.const("norm_row", norm_row)
     q = b.op("Relu", b.op("Add", b.op("Gather", out_q_c, i, axis=0), a_out), hint="q")  # eq. 12
-    q_norm = b.op("Sub", b.op("ReduceSumSquare", q, g.ints(-1), keepdims=1), one_f)  # |B3⊙q|²
-    q_norm = b.op("Transpose", q_norm, perm=[0, 2, 1])  # (U, 1, C)
-    d_out = per_slot(b.op("MatMul", q, m_out), "d_out")  # eqs. 14-15 without |B3⊙q|²
+    q_norm = b.op("MatMul", norm_row_c, b.op("Mul", q, q))  # (U, 1, C) |B3⊙q|²
+    d_out = b.op("Reshape", b.op("MatMul", m_out, q), slots_shape, hint="d_out")  # eqs. 14-15
     q_att = b.op("Relu", b.op("Add", b.op("Gather", att_q_c, i, axis=0), a_att))  # eq. 16
-    logits = per_slot(b.op("MatMul", q_att, m_att), "logits")  # -eq. 17 + a per-song constant
+    # -eq. 17 plus a per-song constant (cancels in the softmin)  (U, R, L, C)
+    logits = b.op("Reshape", b.op("MatMul", m_att, q_att), slots_shape, hint="logits")
     # eq. 18: α = softmax over the member slots (axis 2), shifted by the max for stability
     shifted = b.op("Sub", logits, b.op("ReduceMax", logits, g.ints(2), keepdims=1))
     weights = b.op("Exp", shifted)  # (U, R, L, C)
@@ -606,7 +604,7 @@ def load_sources(
             mass = model
         else:
             mdr, mass = model.mdr, model.mass
-            alpha = _fusion_alpha(model, ckpt)
+            alpha = float(model.config.alpha)
     if len(fingerprints) > 1:
         paths = ", ".join(str(s.path) for s in sources)
         raise MasrError(f"{paths}: trained on different prepared data (fingerprints differ)")
@@ -614,15 +612,6 @@ def load_sources(
         if (mdr.n_users, mdr.n_songs) != (mass.n_users, mass.n_songs):
             raise MasrError("the MDR and MASS checkpoints have different user or song counts")
     return mdr, mass, alpha, described, fingerprints.pop()
-
-
-def _fusion_alpha(model: Any, ckpt: dict[str, Any]) -> float | None:
-    for value in (getattr(model, "alpha", None), (ckpt.get("config") or {}).get("alpha")):
-        if isinstance(value, (int, float)):
-            return float(value)
-        if hasattr(value, "item"):
-            return float(value.item())
-    return None
 
 
 def locate_data(
@@ -719,6 +708,8 @@ def export_model(
     mdr, mass, fused_alpha, described, fingerprint = load_sources(sources)
     if mdr is not None and mass is not None:
         alpha = next(a for a in (config.alpha, fused_alpha, 0.5) if a is not None)
+    elif config.alpha is not None:
+        raise MasrError(f"--alpha: {kind} is one part; α weights the parts of amasr/masr only")
     else:
         alpha = 1.0 if mass is None else 0.0
     part = mdr if mdr is not None else mass

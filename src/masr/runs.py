@@ -246,6 +246,16 @@ def _resumable(sig: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two signatures (``old -> new``)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            out += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    return [] if old == new else [f"{prefix[:-1]} {old} -> {new}"]
+
+
 def read_run_json(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / "run.json"
     if not path.is_file():
@@ -381,8 +391,12 @@ def _make(
         and (run_dir / "last.pt").is_file()
         and _resumable(info.get("signature", {})) == _resumable(sig)
     )
-    if resume and not can_resume and (run_dir / "last.pt").is_file():
-        log(f"{run}: not resuming {run_dir} (made with other data or options); starting over")
+    if resume and not can_resume and info is not None and (run_dir / "last.pt").is_file():
+        changed = _differences(_resumable(info.get("signature", {})), _resumable(sig))
+        raise MasrError(
+            f"{run_dir / 'last.pt'}: cannot --resume, made with other data or options "
+            f"({', '.join(changed[:4]) or 'unknown'}); pass the same options or drop --resume"
+        )
     if can_resume:
         resume_state = load_checkpoint(run_dir / "last.pt")
         model = build_model(resume_state, device)

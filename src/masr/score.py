@@ -53,7 +53,7 @@ class ScoreConfig:
     """Options of ``masr score`` (the CLI fills it)."""
 
     k: int = 10  # songs per playlist
-    batch_size: int | None = None  # playlists per ONNX Runtime call; None: 64 on CPU, 512 on CUDA
+    batch_size: int | None = None  # playlists per ONNX Runtime call; None: 16 on CPU, 512 on CUDA
     device: str = "auto"  # "auto" (CUDA when it really works, else CPU), "cpu" or "cuda"
     columns: Columns = field(default_factory=Columns)
     read_rows: int = 200_000  # input rows per read chunk
@@ -90,21 +90,25 @@ class ScoreSummary:
     def line(self) -> str:
         """The one summary line printed on stderr."""
         parts = [
-            f"scored {self.playlists:,} playlists ({self.rows:,} rows) in {self.seconds:.1f} s "
-            f"on {self.provider.upper()}",
-            f"{self.new_playlists:,} new playlists and {self.new_user_playlists:,} with a new user "
-            "folded in",
-            f"{self.unknown_song_rows:,} rows with unknown songs ignored",
+            f"scored {_n(self.playlists, 'playlist')} ({_n(self.rows, 'row')}) in "
+            f"{self.seconds:.1f} s on {self.provider.upper()}",
+            f"{_n(self.new_playlists, 'new playlist')} and "
+            f"{_n(self.new_user_playlists, 'playlist')} of new users folded in",
+            f"{_n(self.unknown_song_rows, 'row')} with unknown songs ignored",
         ]
         if self.duplicate_rows:
-            parts.append(f"{self.duplicate_rows:,} duplicate rows ignored")
+            parts.append(f"{_n(self.duplicate_rows, 'duplicate row')} ignored")
         parts.append(
-            f"{self.fallback_playlists:,} playlists without a known song "
+            f"{_n(self.fallback_playlists, 'playlist')} without a known song "
             "(ranked by user taste, then popularity)"
         )
         if self.short_playlists:
-            parts.append(f"{self.short_playlists:,} with fewer than K songs left")
+            parts.append(f"{_n(self.short_playlists, 'playlist')} with fewer than K songs left")
         return " · ".join(parts)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 # -- the exported model -------------------------------------------------------------------------
@@ -166,7 +170,7 @@ class Engine:
         cores = max(1, cores or 1)
         self.session, self.provider = self._session(ort, device, workers or cores, cores)
         self.workers = 1 if self.provider == "cuda" else (workers or cores)
-        self.batch_size = batch_size or (512 if self.provider == "cuda" else 64)
+        self.batch_size = batch_size or (512 if self.provider == "cuda" else 16)
         self._pool: ThreadPoolExecutor | None = None
 
     def _session(self, ort: Any, device: str, workers: int, cores: int) -> tuple[Any, str]:
@@ -452,16 +456,36 @@ def _prepare(frame: pl.DataFrame, model: ExportedModel, summary: ScoreSummary) -
     )
 
 
-def plan_batches(users: np.ndarray, n_members: np.ndarray, batch_size: int) -> list[np.ndarray]:
-    """Row positions per ONNX call. The graph builds each user's queries once per batch, so a
-    user's playlists go together, and similar-sized groups share a batch (the graph pads every
-    user to the largest group and every playlist to the longest member list in the batch)."""
+def plan_batches(
+    users: np.ndarray, n_members: np.ndarray, batch_size: int, group_cap: int = 8
+) -> list[np.ndarray]:
+    """Row positions of each ONNX call.
+
+    The graph builds each user's queries once per call and pads the call to (users x most
+    playlists of one user x most members of one playlist). A user's query costs about as much
+    as 20 member slots, so sharing it pays while padding stays small: each known user's
+    playlists are split by member count into octaves (1, 2-3, 4-7, ... songs) and cut into
+    pieces of at most ``group_cap``; pieces of equal size and similar member counts then fill
+    the calls, biggest first. Unknown users (-1) share one query (the mean user): all their
+    playlists form one piece. On AOTM (81,591 playlists, calls of 32) this pads 1.2x the real
+    member slots with 3 playlists per user query (sorted by user only: 2.4x and 5)."""
     if len(users) == 0:
         return []
-    _, group, group_size = np.unique(users, return_inverse=True, return_counts=True)
-    # biggest user groups first; inside a group, playlists by member count
-    order = np.lexsort((n_members, group, -group_size[group]))
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    octave = np.floor(np.log2(n_members + 1)).astype(np.int64)
+    octave[users == UNKNOWN] = 0
+    order = np.lexsort((n_members, octave, users))  # by user, octave, member count
+    by_user, by_octave = users[order], octave[order]
+    change = np.r_[True, (np.diff(by_user) != 0) | (np.diff(by_octave) != 0)]
+    starts = np.flatnonzero(change)
+    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    new_piece = change | ((rank % max(1, group_cap) == 0) & (by_user != UNKNOWN))
+    piece = np.cumsum(new_piece) - 1  # (n,) piece of each sorted row
+    size = np.bincount(piece)
+    longest = np.maximum.reduceat(n_members[order], np.flatnonzero(new_piece))
+    piece_rank = np.empty(len(size), dtype=np.int64)
+    piece_rank[np.lexsort((longest, -size))] = np.arange(len(size))  # big pieces first
+    final = order[np.argsort(piece_rank[piece], kind="stable")]
+    return [final[i : i + batch_size] for i in range(0, len(final), batch_size)]
 
 
 def pad(members: list[np.ndarray], rows: np.ndarray) -> np.ndarray:

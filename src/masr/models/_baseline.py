@@ -69,15 +69,6 @@ def sparse_csr(crow: Tensor, col: Tensor, values: Tensor, shape: tuple[int, ...]
     return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
 
 
-def member_indicator(batch: Batch, n_songs: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """(B, V) dense 0/1 matrix of each row's member songs (padding ignored, repeats once)."""
-    b = batch.members.shape[0]
-    out = torch.zeros(b, n_songs, dtype=dtype, device=batch.members.device)
-    # Padded slots add 0 (their mask is False), so they never mark song 0 as a member.
-    out.scatter_add_(1, batch.members, batch.member_mask.to(dtype))  # (B, V)
-    return out.clamp_(max=1)
-
-
 def member_indicator_sparse(
     batch: Batch, n_songs: int, dtype: torch.dtype = torch.float32
 ) -> Tensor:

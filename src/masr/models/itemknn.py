@@ -1,14 +1,15 @@
 """Item-kNN (Sarwar et al. 2001): songs similar to a playlist's member songs come next.
 
-Similarity between a member song m and a candidate song s is the (asymmetric) cosine of their
-playlist sets, shrunk toward zero when the overlap is small (Aiolli 2013 for the asymmetric
-form; the shrink term as in Dacrema et al. 2019):
+Similarity between a member song m and a candidate song s is the asymmetric cosine of their
+playlist sets (Aiolli 2013), shrunk toward zero when the overlap is small (the shrink term as in
+Dacrema et al. 2019):
 
-    sim(m -> s) = |P(m) ∩ P(s)| / (|P(m)|^(1-alpha) * |P(s)|^alpha + shrink)
+    sim(m -> s) = |P(m) ∩ P(s)| / (|P(m)|^alpha * |P(s)|^(1-alpha) + shrink)
 
-``alpha = 0.5`` is plain cosine; ``alpha > 0.5`` penalises popular candidates more. Optionally
-only each candidate's ``neighbours`` most similar songs are kept. A playlist's score for s is the
-sum of sim(m -> s) over its member songs, and distance = -score.
+``alpha = 0.5`` is plain cosine; ``alpha = 1`` (no shrink) is P(s | m), the share of m's
+playlists that also hold s; ``alpha > 0.5`` thus penalises popular candidates less. Optionally
+only each candidate's ``neighbours`` most similar member songs are kept. A playlist's score for
+s is the sum of sim(m -> s) over its member songs, and distance = -score.
 
 The song x song matrix is kept sparse: at 64K songs a dense float32 copy would take 16 GiB, while
 the co-occurrence matrix of real playlists has a few tens of millions of non-zeros.
@@ -34,12 +35,28 @@ if TYPE_CHECKING:
 class ItemKNNConfig(ModelConfig):
     """Item-kNN similarity settings (tune on the validation split)."""
 
-    #: Asymmetric-cosine exponent on the candidate's popularity; 0.5 is cosine.
+    #: Asymmetric-cosine exponent on the member song's popularity; 0.5 is cosine, 1 is P(s | m).
     alpha: float = 0.5
     #: Added to the denominator: damps similarities backed by few shared playlists.
     shrink: float = 0.0
     #: Keep only each candidate song's top-k most similar songs; 0 keeps all of them.
     neighbours: int = 0
+
+
+def cooccurrence(data: PreparedData, n_songs: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Off-diagonal co-occurrences of the training split as COO arrays: candidate s (nnz,),
+    member m (nnz,), shared playlists c_ms (nnz,), and playlists per song n (V,)."""
+    # X: (P, V) binary playlist x song matrix of the training split.
+    x = interaction_matrix(
+        data.train_playlist, data.train_song, data.n_playlists, n_songs, torch.device("cpu")
+    )
+    xt = x.to_sparse_coo().t().coalesce().to_sparse_csr()  # (V, P)
+    co = torch.sparse.mm(xt, x).to_sparse_coo().coalesce()  # (V, V) X^T X, symmetric
+    cand, memb = co.indices()
+    counts = co.values()
+    keep = cand != memb  # a song is not its own neighbour
+    n = torch.as_tensor(data.song_popularity[:n_songs], dtype=torch.float32)  # (V,) |P(s)|
+    return cand[keep], memb[keep], counts[keep], n
 
 
 class ItemKNN(FittedBuffers, Recommender):
@@ -56,12 +73,12 @@ class ItemKNN(FittedBuffers, Recommender):
     def __init__(self, config: ItemKNNConfig, n_users: int, n_playlists: int, n_songs: int):
         super().__init__(config, n_users, n_playlists, n_songs)
         if not 0.0 <= config.alpha <= 1.0:
-            raise MasrError(f"itemknn: --alpha must lie in [0, 1], not {config.alpha}")
+            raise MasrError(f"itemknn: alpha must lie in [0, 1], not {config.alpha}")
         if config.shrink < 0:
-            raise MasrError(f"itemknn: --shrink must be >= 0, not {config.shrink}")
+            raise MasrError(f"itemknn: shrink must be >= 0, not {config.shrink}")
         if config.neighbours < 0:
             raise MasrError(
-                f"itemknn: --neighbours must be >= 0 (0 = all), not {config.neighbours}"
+                f"itemknn: neighbours must be >= 0 (0 = all), not {config.neighbours}"
             )
         self.register_buffer("sim_crow", torch.zeros(n_songs + 1, dtype=torch.long))  # (V+1,)
         self.register_buffer("sim_col", torch.zeros(0, dtype=torch.long))  # (nnz,)
@@ -69,22 +86,18 @@ class ItemKNN(FittedBuffers, Recommender):
         self._key_cache: tuple[tuple, Tensor] | None = None
 
     def fit(self, data: PreparedData, device: torch.device) -> None:
+        self.set_similarity(*cooccurrence(data, self.n_songs), device)
+
+    def set_similarity(
+        self, cand: Tensor, memb: Tensor, counts: Tensor, n: Tensor, device: torch.device
+    ) -> None:
+        """Fit from a precomputed ``cooccurrence`` (lets a search over alpha/shrink/neighbours
+        count co-occurrences once)."""
         cfg = self.config
         v = self.n_songs
-        # X: (P, V) binary playlist x song matrix of the training split.
-        x = interaction_matrix(
-            data.train_playlist, data.train_song, data.n_playlists, v, torch.device("cpu")
-        )
-        xt = x.to_sparse_coo().t().coalesce().to_sparse_csr()  # (V, P)
-        co = torch.sparse.mm(xt, x).to_sparse_coo().coalesce()  # (V, V) co-occurrence counts
-        cand, memb = co.indices()  # row = candidate s, column = member m (C is symmetric)
-        counts = co.values()
-        keep = cand != memb  # a song is not its own neighbour
-        cand, memb, counts = cand[keep], memb[keep], counts[keep]
-        n = torch.as_tensor(data.song_popularity[:v], dtype=torch.float32)  # (V,) |P(s)|
-        # sim(m -> s) = c_ms / (n_m^(1-alpha) n_s^alpha + shrink)
-        denom = n[memb].pow(1.0 - cfg.alpha) * n[cand].pow(cfg.alpha) + cfg.shrink
-        sim = counts / denom
+        # sim(m -> s) = c_ms / (n_m^alpha n_s^(1-alpha) + shrink)
+        denom = n[memb].pow(cfg.alpha) * n[cand].pow(1.0 - cfg.alpha) + cfg.shrink
+        sim = counts / denom  # (nnz,)
         if cfg.neighbours:
             # Rank each candidate's similarities (stable sorts: by value desc, then by row).
             order = torch.argsort(sim, descending=True, stable=True)
