@@ -28,7 +28,7 @@ playlist ids, and with new playlist and user ids; hit@10 / ndcg@10 of the held-o
 from the CSV, against the full-ranking hit@10 of `masr evaluate` (masr.evaluate.full_ranks) on
 the same cases. New users are tried both ways (the MDR user term from the playlist's songs, or
 dropped) and, in PyTorch, from all of that user's songs. Figures go to
-bench-out/score_quality.json.
+bench-out/score_quality.json (--quality-name).
 """
 
 from __future__ import annotations
@@ -236,8 +236,11 @@ def quality(args) -> int:
     cases = Cases(t.playlist[pick], t.user[pick], t.song[pick], t.negatives[pick])
     kind, sources = resolve_sources(args.quality_runs, args.quality_model)
     mdr, mass, fused_alpha, _, _ = load_sources(sources)
-    alpha = fused_alpha if fused_alpha is not None else 0.5
-    model = MASR.from_parts(mdr, mass, alpha=alpha).eval()
+    if mdr is not None and mass is not None:
+        alpha = fused_alpha if fused_alpha is not None else 0.5
+        model = MASR.from_parts(mdr, mass, alpha=alpha).eval()
+    else:  # one part: its own distance
+        alpha, model = None, (mdr if mdr is not None else mass).eval()
     index = TrainingIndex.from_data(data, "cpu")
     start = time.perf_counter()
     reference = metrics_from_ranks(full_ranks(model, cases, index))
@@ -301,8 +304,10 @@ def quality(args) -> int:
                 log(f"  masr score, {key}: {figures}")
 
     # an unknown user's MDR vector from all of the user's songs (not in the graph): PyTorch
+    if mdr is None:
+        return _write_quality(result, reference, args.quality_name)
     with torch.no_grad():
-        S = model.mdr.song_emb.weight
+        S = mdr.song_emb.weight
         owner = torch.as_tensor(data.playlist_user[cases.playlist])
         train_user = torch.as_tensor(data.train_user)
         user_sum = torch.zeros(data.n_users, S.shape[1]).index_add_(
@@ -320,14 +325,15 @@ def quality(args) -> int:
         ranks = []
         for lo in range(0, len(cases), 64):
             sl = slice(lo, lo + 64)
-            d = model.full_distance_from_vectors(
-                u_all[sl],
-                p_mean[sl],
-                model.mass.user_emb.weight.mean(0).expand(m[sl].shape[0], -1),
-                model.mass.att_user_emb.weight.mean(0).expand(m[sl].shape[0], -1),
-                m[sl].clamp_min(0),
-                mask[sl],
-            )
+            d = mdr.full_distance_from_vectors(u_all[sl], p_mean[sl])
+            if mass is not None:
+                d_mass = mass.full_distance_from_vectors(
+                    mass.user_emb.weight.mean(0).expand(m[sl].shape[0], -1),
+                    mass.att_user_emb.weight.mean(0).expand(m[sl].shape[0], -1),
+                    m[sl].clamp_min(0),
+                    mask[sl],
+                )
+                d = alpha * d + (1 - alpha) * d_mass  # eq. 20
             d[torch.arange(d.shape[0])[:, None].expand_as(m[sl])[mask[sl]], m[sl][mask[sl]]] = (
                 float("inf")
             )
@@ -340,11 +346,15 @@ def quality(args) -> int:
         "ndcg@10": round(all_songs["ndcg@10"], 4),
     }
     log(f"  {key}: {result[key]}")
+    return _write_quality(result, reference, args.quality_name)
+
+
+def _write_quality(result: dict, reference: dict, name: str) -> int:
     result["known_ids_minus_evaluate_hit@10"] = round(
         result["known_ids"]["hit@10"] - reference["hit@10"], 4
     )
-    (OUT / "score_quality.json").write_text(json.dumps(result, indent=2) + "\n")
-    log(f"wrote {OUT / 'score_quality.json'}")
+    (OUT / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {OUT / name}.json")
     return 0
 
 
@@ -366,6 +376,7 @@ def main() -> int:
     ap.add_argument("--quality-data", type=Path, default=Path("data"))
     ap.add_argument("--quality-model", default=None, help="amasr, masr, ... (export's default)")
     ap.add_argument("--quality-cases", type=int, default=2000)
+    ap.add_argument("--quality-name", default="score_quality", help="bench-out/NAME.json")
     args, _ = ap.parse_known_args()
     sys.path.insert(0, str(ROOT / "src"))
     OUT.mkdir(exist_ok=True)

@@ -37,8 +37,9 @@ def command(
     model: Annotated[
         list[str] | None,
         typer.Option(
+            metavar="NAME",
             help="Run to evaluate; repeat for several (--model mdr --model amasr). "
-            "'all' = every run in --runs.  [default: all]",
+            "'all' (the default) = every run in --runs.",
             show_default=False,
         ),
     ] = None,
@@ -46,6 +47,7 @@ def command(
         str | None,
         typer.Option(
             "--json",
+            metavar="PATH",
             help='Write {"<run>": {"sampled": {"hit@1": ..., "ndcg@10": ...}, "full": {...}}} '
             "here; '-' prints it on stdout.",
             show_default=False,

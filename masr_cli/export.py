@@ -33,7 +33,7 @@ def command(
     model: Annotated[
         Kind | None,
         typer.Option(
-            help="What to export [default: amasr when runs/amdr and runs/amass exist, else "
+            help="What to export \\[default: amasr when runs/amdr and runs/amass exist, else "
             "masr]. amasr/masr fuse the MDR and MASS parts (eq. 20); the others export one part.",
             show_default=False,
         ),
@@ -41,7 +41,7 @@ def command(
     alpha: Annotated[
         float | None,
         typer.Option(
-            help="Weight of MDR in the fusion, o = α·MDR + (1-α)·MASS [default: the fusion "
+            help="Weight of MDR in the fusion, o = α·MDR + (1-α)·MASS \\[default: the fusion "
             "run's, else 0.5].",
             show_default=False,
         ),
@@ -57,7 +57,7 @@ def command(
     data: Annotated[
         Path | None,
         typer.Option(
-            help="Prepared data the runs were trained on [default: found through run.json].",
+            help="Prepared data the runs were trained on \\[default: found through run.json].",
             show_default=False,
         ),
     ] = None,
@@ -67,8 +67,9 @@ def command(
     The graph scores the whole catalog for a batch of playlists and returns the top-K songs
     (member songs excluded); new playlists and users are folded in from their songs. Next to
     the model: NAME.json (α, dims, opset, source checkpoints, data checksum, masr version; the
-    same metadata is in the ONNX metadata_props) and the id maps NAME.songs/.playlists/.users
-    .parquet. Files are written aside and renamed; parent folders are created.
+    same metadata is in the ONNX metadata_props) and the id maps NAME.songs.parquet,
+    NAME.playlists.parquet and NAME.users.parquet. Files are written aside and renamed; parent
+    folders are created.
 
     Example: masr export --runs runs --out exported/masr.onnx
     """

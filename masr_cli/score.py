@@ -54,7 +54,7 @@ def command(
     batch_size: Annotated[
         int | None,
         typer.Option(
-            help="Playlists per ONNX Runtime call [default: 16 on CPU, 512 on CUDA].",
+            help="Playlists per ONNX Runtime call \\[default: 16 on CPU, 512 on CUDA].",
             show_default=False,
         ),
     ] = None,

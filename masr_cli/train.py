@@ -78,12 +78,16 @@ def command(
     ] = _A.epochs,
     dim: Annotated[
         int | None,
-        typer.Option(help="Embedding size d [default: the model's, 64].", show_default=False),
+        typer.Option(help="Embedding size d (default: the model's own, 64).", show_default=False),
     ] = None,
     batch_size: Annotated[int, typer.Option(help="Training rows per step.")] = _T.batch_size,
     lr: Annotated[float, typer.Option(help="Adam learning rate.")] = _T.lr,
     reg: Annotated[
-        float, typer.Option(help="L2 weight λ_Θ of eq. 21 (on the parameters each step touches).")
+        float,
+        typer.Option(
+            help="L2 weight λ_Θ of eq. 21, per batch of summed losses as in the authors' code "
+            "(on the parameters each step touches)."
+        ),
     ] = _T.reg,
     neg: Annotated[int, typer.Option(help="Uniform negative songs per positive.")] = _T.neg,
     neg_mode: Annotated[
@@ -118,7 +122,7 @@ def command(
         Entity | None,
         typer.Option(
             help="Baselines mfbpr, cml, als: model user -> song or playlist -> song (the paper ran "
-            "both and reported the better) [default: playlist].",
+            "both and reported the better) (default: playlist).",
             show_default=False,
         ),
     ] = None,
@@ -134,6 +138,13 @@ def command(
             show_default=False,
         ),
     ] = None,
+    threads: Annotated[
+        int,
+        typer.Option(
+            help="CPU threads for PyTorch; 0 = its default (one per core). On a machine busy "
+            "with other work, 1 is often several times faster.",
+        ),
+    ] = 0,
     resume: Annotated[
         bool,
         typer.Option(
@@ -159,6 +170,7 @@ def command(
       masr train --model amasr --resume        # after an interruption
     """
     from masr.dataset import load_prepared
+    from masr.errors import MasrError
     from masr.runs import saved_options, train_run
 
     options = RunOptions(
@@ -194,7 +206,13 @@ def command(
             explicit = {p for p in _OPTION_PATHS if _given(ctx, p)}
             options = _merge(options, saved, explicit)
     options.validate()
+    if threads < 0:
+        raise MasrError("--threads must be >= 0 (0 = PyTorch's default)")
     prepared = load_prepared(data)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     with RichProgress() as progress:
         outcomes = train_run(
             name,

@@ -160,6 +160,7 @@ def test_help_teaches_the_options() -> None:
         assert result.exit_code == 0
         for option in options:
             assert option in result.stdout
+        assert "[default: " in result.stdout and " ." not in result.stdout  # markup kept
 
 
 def test_score_runs_where_torch_is_not_installed(tmp_path: Path, model: Path) -> None:

@@ -15,6 +15,7 @@ from masr_cli.main import app
 
 runner = CliRunner()
 TINY = ["--epochs", "2", "--adv-epochs", "1", "--batch-size", "32", "--lr", "0.02", "--dim", "8"]
+TINY += ["--threads", "1"]
 SIX = {"mdr", "mass", "masr", "amdr", "amass", "amasr"}
 
 

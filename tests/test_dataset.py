@@ -22,3 +22,38 @@ def test_missing_dir_is_a_clear_error(tmp_path):
 
     with pytest.raises(MasrError, match="masr prep"):
         load_prepared(tmp_path / "nope")
+
+
+def test_atomic_writes_get_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    from masr.atomic import atomic_dir, atomic_file, atomic_path
+
+    mask = os.umask(0o022)
+    try:
+        with atomic_file(tmp_path / "a.txt") as fh:
+            fh.write(b"x")
+        with atomic_path(tmp_path / "b.bin") as tmp:
+            tmp.write_bytes(b"y")
+        with atomic_dir(tmp_path / "d") as tmp:
+            (tmp / "f").write_text("z")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "b.bin").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755
+    assert (tmp_path / "d" / "f").read_text() == "z"
+
+
+def test_atomic_file_leaves_nothing_on_failure(tmp_path):
+    import pytest
+
+    from masr.atomic import atomic_file
+
+    (tmp_path / "out.csv").write_text("old")
+    with pytest.raises(RuntimeError), atomic_file(tmp_path / "out.csv") as fh:
+        fh.write(b"half")
+        raise RuntimeError("boom")
+    assert (tmp_path / "out.csv").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.csv"]

@@ -10,6 +10,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish_mode(path: str | os.PathLike[str], directory: bool = False) -> None:
+    """mkstemp/mkdtemp create private (0600/0700) entries; give the final file the permissions
+    an ordinary ``open`` or ``mkdir`` would (0666/0777 less the umask)."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator:
     """Open a temporary file next to ``path``; rename it over ``path`` only on success."""
@@ -21,6 +33,7 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        _publish_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -38,6 +51,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        _publish_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -57,6 +71,7 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
+        _publish_mode(tmp, directory=True)
         old = None
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))

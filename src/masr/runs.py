@@ -49,13 +49,13 @@ class TrainConfig:
     split chose better; see docs/training.md."""
 
     epochs: int = 50  # passes over the training rows
-    batch_size: int = 256  # training rows per step
+    batch_size: int = 1024  # training rows per step (paper: 256; docs/training.md)
     lr: float = 1e-3  # Adam learning rate
-    reg: float = 0.0  # lambda_Theta of eq. 21 (L2 on the parameters a step touches)
+    reg: float = 0.0  # lambda_Theta of eq. 21 per batch of summed losses (touched params)
     neg: int = 4  # uniform negatives per positive
     neg_mode: str = "hardest"  # "hardest": BPR against the closest negative; "pairs": all pairs
     max_members: int = 50  # MASS member list cap (uniform sample when longer)
-    patience: int = 0  # stop after this many epochs without a better validation; 0 = never
+    patience: int = 5  # stop after this many epochs without a better validation; 0 = never
     seed: int = 0
     sparse: bool = True  # row-sparse gradients + lazy Adam for embedding tables
     #: member-reading models: rows of this many consecutive batches are sorted by playlist

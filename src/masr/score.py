@@ -16,8 +16,8 @@ Counted and reported in the summary: member rows whose track is not in the catal
 duplicate member rows (ignored), new playlists and users (folded in), and playlists with no
 usable member, which fall back to the user term of MDR and then to song popularity (biases).
 
-Only numpy, polars, onnxruntime (and onnx-free ONNX Runtime metadata) are imported here: this
-module and everything it imports never import torch.
+Only numpy, polars and ONNX Runtime (imported when a model is loaded) are used here: this module
+and everything it imports never import torch.
 """
 
 from __future__ import annotations
@@ -339,7 +339,14 @@ def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
             f"{path}: missing column {', '.join(repr(m) for m in missing)} (found: {found}); "
             f"name the right one with {hint}"
         )
-    return lf.select(pl.col(v).cast(pl.String).alias(k) for k, v in wanted.items())
+    lf = lf.select(pl.col(v).cast(pl.String).alias(k) for k, v in wanted.items())
+    try:
+        empty = lf.head(1).collect().height == 0
+    except Exception as exc:  # polars raises several error types for malformed files
+        raise MasrError(f"{path}: unreadable or malformed file ({_one_line(exc)})") from None
+    if empty:
+        raise MasrError(f"{path}: no data rows (only a header)")
+    return lf
 
 
 def _one_line(exc: BaseException) -> str:

@@ -9,9 +9,9 @@ device, asks ``model.distance`` for the positive and negative distances, and min
 
 averaged over the batch, against either the hardest (closest) of the ``neg`` negatives
 (``neg_mode="hardest"``, as the authors' code) or every (positive, negative) pair
-(``neg_mode="pairs"``). The L2 term lambda * ||Theta||^2 of eq. 21 enters as the gradient
-2 * lambda * Theta of the parameters a step touches (Adam's coupled weight decay; for embedding
-tables only the rows in the batch).
+(``neg_mode="pairs"``). The L2 term lambda * ||Theta||^2 of eq. 21, taken per batch of summed
+losses as the reference does, enters as the gradient 2 * lambda * Theta / batch_size of the
+parameters a step touches (Adam's coupled weight decay; for tables only the batch's rows).
 
 APR adds lambda_delta * L(Theta + delta) with delta from ``masr.adversarial`` (eq. 24),
 recomputed for every batch from the current parameters.
@@ -261,8 +261,11 @@ def train_model(
     index = TrainingIndex.from_data(data, device)
     model.to(device)
     sparse_before = _set_sparse(model, config.sparse)
-    # d/dtheta of lambda * ||theta||^2 is 2 * lambda * theta: Adam's coupled weight decay
-    optimizer = LazyAdam(model.parameters(), lr=config.lr, weight_decay=2 * config.reg)
+    # eq. 21 per batch: sum of the batch's losses + lambda * ||theta||^2; the loop minimises
+    # the batch *mean*, so the L2 gradient 2 * lambda * theta is divided by the batch size
+    # (Adam's coupled weight decay, as the reference's weight_decay with its summed loss).
+    wd = 2 * config.reg / config.batch_size
+    optimizer = LazyAdam(model.parameters(), lr=config.lr, weight_decay=wd)
 
     history: list[dict[str, Any]] = []
     best_epoch, best_valid, bad_epochs, first_epoch = 0, {}, 0, 1
