@@ -143,3 +143,15 @@ def test_help_teaches_the_defaults() -> None:
     for option in ("--model", "--neg-mode", "--patience", "--eps", "--noise", "--resume"):
         assert option in text
     assert "amasr" in text
+
+
+def test_train_and_evaluate_modules_import_without_torch() -> None:
+    """main.py imports every command, and `masr score` must not load torch through them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, masr.runs, masr.evaluate, masr_cli.train, masr_cli.evaluate; "
+        "sys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
