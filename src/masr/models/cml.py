@@ -32,8 +32,8 @@ class CMLConfig(ModelConfig):
     entity: Entity = "playlist"
     #: Embedding size d (``--dim``).
     dim: int = 64
-    #: Hinge margin m between a positive's and a negative's squared distance.
-    margin: float = 0.5
+    #: Hinge margin m between squared distances (1.0 beat 0.5 on validation, embedded data).
+    margin: float = 1.0
     #: Radius of the ball every embedding is clipped back into after each step.
     max_norm: float = 1.0
 
