@@ -50,7 +50,9 @@ def prepared(source: Path) -> Path:
     return out
 
 
-def one_epoch(model_name: str, data, device: str, batch_size: int, max_seconds: float) -> dict:
+def one_epoch(
+    model_name: str, data, device: str, batch_size: int, max_seconds: float, sparse: bool = True
+) -> dict:
     """Seconds of one training epoch (validation excluded)."""
     import torch
 
@@ -79,7 +81,7 @@ def one_epoch(model_name: str, data, device: str, batch_size: int, max_seconds: 
                 raise _Stop
 
     clock = Clock()
-    config = TrainConfig(epochs=1, batch_size=batch_size)
+    config = TrainConfig(epochs=1, batch_size=batch_size, sparse=sparse)
     try:
         result = train_model(model, data, config, device=device, progress=clock)
         seconds, extrapolated = result.history[0]["train_seconds"], False
@@ -92,6 +94,7 @@ def one_epoch(model_name: str, data, device: str, batch_size: int, max_seconds: 
         "model": model_name,
         "device": device,
         "batch_size": batch_size,
+        "sparse": sparse,
         "threads": torch.get_num_threads() if device == "cpu" else None,
         "steps_per_epoch": steps_total,
         "measured_steps": clock.done if extrapolated else steps_total,
@@ -111,6 +114,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-seconds", type=float, default=120.0)
     parser.add_argument("--skip-cuda", action="store_true")
     parser.add_argument("--skip-cpu", action="store_true")
+    parser.add_argument(
+        "--dense-too",
+        action="store_true",
+        help="also time dense embedding gradients + plain Adam (default: row-sparse + lazy Adam)",
+    )
     args = parser.parse_args(argv)
 
     source = Path(os.environ.get("MASR_BENCH_DATA", DEFAULT_DATA))
@@ -142,12 +150,13 @@ def main(argv: list[str]) -> int:
         if threads:
             torch.set_num_threads(threads)
         for model in models:
-            for bs in sizes:
-                r = one_epoch(model, data, device, bs, args.max_seconds)
+            for bs, sparse in [(b, s) for b in sizes for s in (True, False)[: 1 + args.dense_too]]:
+                r = one_epoch(model, data, device, bs, args.max_seconds, sparse)
                 results.append(r)
                 mark = " (extrapolated)" if r["extrapolated"] else ""
                 print(
-                    f"{model:5s} {device:4s} threads={r['threads']} batch={bs:6d}: "
+                    f"{model:5s} {device:4s} threads={r['threads']} batch={bs:6d} "
+                    f"{'sparse' if sparse else 'dense '}: "
                     f"{r['seconds_per_epoch']:8.2f} s/epoch{mark}  target {r['target_s']}",
                     file=sys.stderr,
                 )

@@ -64,6 +64,15 @@ def command(
         Split, typer.Option(help="Held-out split to score; model selection used 'valid'.")
     ] = Split.test,
     device: Annotated[Device, typer.Option(help="auto picks CUDA when present.")] = Device.auto,
+    full_sample: Annotated[
+        int,
+        typer.Option(
+            help="Full ranking on this many cases only, drawn with --sample-seed (the same for "
+            "every model); 0 = all. Full ranking costs cases x catalog, so large data may want "
+            "a sample; the sampled protocol always uses every case.",
+        ),
+    ] = 0,
+    sample_seed: Annotated[int, typer.Option(help="Seed of the --full-sample draw.")] = 0,
 ) -> None:
     """Score trained runs on the held-out songs, as the paper's Table 2 and Fig. 4.
 
@@ -88,6 +97,8 @@ def command(
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise MasrError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
+    if full_sample < 0:
+        raise MasrError("--full-sample must be >= 0 (0 = every case)")
     prepared = load_prepared(data)
     names = model or ["all"]
     results = evaluate_runs(
@@ -96,14 +107,18 @@ def command(
         names,
         split=split.value,
         device=device.value,
+        full_sample=full_sample,
+        sample_seed=sample_seed,
         log=lambda msg: console.print(f"[dim]{msg}[/dim]"),
     )
     cases = prepared.test if split is Split.test else prepared.valid
     negatives = int((cases.negatives >= 0).sum(1).max()) if len(cases) else 0
+    full_n = len(cases) if not full_sample else min(full_sample, len(cases))
+    full_of = "" if full_n == len(cases) else f" ({full_n} cases drawn with seed {sample_seed})"
     table = Table(
         title=f"{split.value} split, {len(cases)} playlists: sampled = held-out song vs its "
-        f"{negatives} stored negatives; full = vs all {prepared.n_songs} catalog songs "
-        "outside the playlist",
+        f"{negatives} stored negatives; full{full_of} = vs all {prepared.n_songs} catalog "
+        "songs outside the playlist",
         title_justify="left",
     )
     table.add_column("", style="dim")

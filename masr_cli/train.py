@@ -107,6 +107,13 @@ def command(
             help="Stop after this many epochs without a better validation hit@10; 0 = never."
         ),
     ] = _T.patience,
+    time_limit: Annotated[
+        float,
+        typer.Option(
+            help="Seconds of training per run (each of mdr, mass, amdr, amass): stop after the "
+            "epoch that passes it; 0 = no limit. Gives every model the same budget.",
+        ),
+    ] = _T.time_limit,
     eps: Annotated[float, typer.Option(help="APR noise size ε (eqs. 23-24).")] = _A.eps,
     reg_adv: Annotated[
         float, typer.Option(help="APR weight λ_δ of the adversarial loss (eq. 23).")
@@ -183,6 +190,7 @@ def command(
             neg_mode=neg_mode.value,
             max_members=max_members,
             patience=patience,
+            time_limit=time_limit,
             seed=seed,
         ),
         adversarial=AdversarialConfig(
@@ -247,7 +255,7 @@ _OPTION_PATHS = {
     **{
         p: ("train", p)
         for p in ("epochs", "batch_size", "lr", "reg", "neg", "neg_mode", "max_members",
-                  "patience", "seed")
+                  "patience", "time_limit", "seed")
     },
     "adv_epochs": ("adversarial", "epochs"),
     "eps": ("adversarial", "eps"),

@@ -157,6 +157,28 @@ def test_full_ranking_batches_agree() -> None:
         assert ranks[i] == sum(d[s] <= d[test[i]] for s in others)
 
 
+def test_full_sample_ranks_a_seeded_subset_of_cases() -> None:
+    from masr.evaluate import full_ranks, subsample_cases
+    from masr.sampling import TrainingIndex
+
+    rng = np.random.default_rng(1)
+    n_play, v = 30, 25
+    train = [sorted(rng.choice(v, size=3, replace=False).tolist()) for _ in range(n_play)]
+    test = [int(np.setdiff1d(np.arange(v), t)[0]) for t in train]
+    data = data_with(train, v, test, [[0]] * n_play)
+    model = TableModel(torch.as_tensor(rng.random((n_play, v))))
+    sub = subsample_cases(data.test, 7, seed=3)
+    assert len(sub) == 7 and np.all(np.diff(sub.playlist) > 0)  # distinct, in case order
+    assert np.array_equal(sub.playlist, subsample_cases(data.test, 7, seed=3).playlist)
+    assert subsample_cases(data.test, 0) is data.test
+    assert subsample_cases(data.test, 99) is data.test
+    # the metrics are those of the drawn cases, and the sampled protocol keeps every case
+    index = TrainingIndex.from_data(data)
+    got = evaluate_model(model, data, full_sample=7, sample_seed=3)
+    assert got["full"] == metrics_from_ranks(full_ranks(model, sub, index))
+    assert got["sampled"] == evaluate_model(model, data)["sampled"]
+
+
 def _res(h: float, n: float) -> dict[str, dict[str, float]]:
     m = dict.fromkeys(metric_names(), 0.0) | {"hit@10": h, "ndcg@10": n}
     return {"sampled": m, "full": {**m, "hit@10": h / 10, "ndcg@10": n / 10}}

@@ -238,6 +238,16 @@ def test_patience_stops_early(planted: PreparedData) -> None:
     assert result.stopped_early and len(result.history) == 3 and result.best_epoch == 1
 
 
+def test_time_limit_stops_after_the_epoch_that_passes_it(planted: PreparedData) -> None:
+    model = _dot(planted)
+    # any epoch takes more than a nanosecond: the first one ends past the limit
+    config = TrainConfig(epochs=10, patience=0, time_limit=1e-9, **FAST)
+    result = train_model(model, planted, config)
+    assert len(result.history) == 1 and result.extra["stopped_by_time_limit"]
+    unlimited = train_model(_dot(planted), planted, TrainConfig(epochs=2, patience=0, **FAST))
+    assert len(unlimited.history) == 2 and not unlimited.extra["stopped_by_time_limit"]
+
+
 def test_apr_trains_from_a_checkpoint(planted: PreparedData, tmp_path: Path) -> None:
     from masr.models.mdr import MDR, MDRConfig
 

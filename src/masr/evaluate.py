@@ -170,8 +170,14 @@ def evaluate_model(
     device: torch.device | str | None = None,
     protocols: Sequence[str] = PROTOCOLS,
     index: TrainingIndex | None = None,
+    full_sample: int = 0,
+    sample_seed: int = 0,
 ) -> dict[str, dict[str, float]]:
-    """``{"sampled": {hit@1.., ndcg@1..}, "full": {...}}`` for ``split`` ("test" or "valid")."""
+    """``{"sampled": {hit@1.., ndcg@1..}, "full": {...}}`` for ``split`` ("test" or "valid").
+
+    ``full_sample`` > 0 ranks only that many cases, drawn without replacement with
+    ``sample_seed``, under the full protocol (for large catalogs); the sampled protocol always
+    uses every case."""
     import torch
 
     from masr.sampling import TrainingIndex
@@ -192,10 +198,27 @@ def evaluate_model(
         if "sampled" in protocols:
             result["sampled"] = metrics_from_ranks(sampled_ranks(model, cases, index))
         if "full" in protocols:
-            result["full"] = metrics_from_ranks(full_ranks(model, cases, index))
+            full_cases = subsample_cases(cases, full_sample, sample_seed)
+            result["full"] = metrics_from_ranks(full_ranks(model, full_cases, index))
     finally:
         model.train(was_training)
     return result
+
+
+def subsample_cases(cases: Cases, n: int, seed: int = 0) -> Cases:
+    """``n`` of ``cases`` drawn without replacement with ``seed`` (kept in case order); all of
+    them when ``n`` is 0 or at least their number. The same draw for every model."""
+    from masr.dataset import Cases
+
+    if n <= 0 or n >= len(cases):
+        return cases
+    pick = np.sort(np.random.default_rng(seed).choice(len(cases), size=n, replace=False))
+    return Cases(
+        playlist=cases.playlist[pick],
+        user=cases.user[pick],
+        song=cases.song[pick],
+        negatives=cases.negatives[pick],
+    )
 
 
 def _devices(model: Recommender):

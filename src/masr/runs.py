@@ -56,6 +56,9 @@ class TrainConfig:
     neg_mode: str = "hardest"  # "hardest": BPR against the closest negative; "pairs": all pairs
     max_members: int = 50  # MASS member list cap (uniform sample when longer)
     patience: int = 5  # stop after this many epochs without a better validation; 0 = never
+    #: stop after the first epoch that ends past this many seconds of training and validation
+    #: (a fixed budget per run, e.g. for equal-budget comparisons); 0 = no limit
+    time_limit: float = 0.0
     seed: int = 0
     sparse: bool = True  # row-sparse gradients + lazy Adam for embedding tables
     #: member-reading models: rows of this many consecutive batches are sorted by playlist
@@ -74,6 +77,7 @@ class TrainConfig:
             ("--neg-mode", self.neg_mode in NEG_MODES, f"must be one of {', '.join(NEG_MODES)}"),
             ("--max-members", self.max_members >= 1, "must be >= 1"),
             ("--patience", self.patience >= 0, "must be >= 0 (0 turns early stopping off)"),
+            ("--time-limit", self.time_limit >= 0, "must be >= 0 seconds (0 = no limit)"),
             ("sort_window", self.sort_window >= 0, "must be >= 0"),
         ]
         for option, ok, problem in checks:
@@ -235,12 +239,13 @@ def signature(name: str, options: RunOptions, fingerprint: str) -> dict[str, Any
 
 
 def _resumable(sig: dict[str, Any]) -> dict[str, Any]:
-    """A signature without what --resume may change (epochs, patience)."""
+    """A signature without what --resume may change (epochs, patience, time limit)."""
     out = json.loads(json.dumps(sig))
     for key in ("train",):
         if key in out:
             out[key].pop("epochs", None)
             out[key].pop("patience", None)
+            out[key].pop("time_limit", None)
     if "adversarial" in out:
         out["adversarial"].pop("epochs", None)
     return out
@@ -456,6 +461,7 @@ def _make(
         finished=_now(),
         best={"epoch": result.best_epoch, "valid": result.best_valid},
         stopped_early=result.stopped_early,
+        stopped_by_time_limit=result.extra.get("stopped_by_time_limit", False),
         seconds=round(result.seconds, 3),
         wall_seconds=round(time.perf_counter() - started, 3),
     )
@@ -588,10 +594,12 @@ def evaluate_runs(
     split: str = "test",
     device: str = "auto",
     protocols: Sequence[str] = ("sampled", "full"),
+    full_sample: int = 0,
+    sample_seed: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """``{run: {"sampled": metrics, "full": metrics}}`` for the named runs (``all`` = every
-    run in ``runs_dir``), in table order."""
+    run in ``runs_dir``), in table order; ``full_sample``: see ``evaluate_model``."""
     from masr.evaluate import evaluate_model, run_order
     from masr.sampling import TrainingIndex
     from masr.train import resolve_device
@@ -615,7 +623,15 @@ def evaluate_runs(
     for run in run_order(wanted):
         model, _ = load_run(runs_dir, run, data, dev)
         t0 = time.perf_counter()
-        results[run] = evaluate_model(model, data, split, protocols=protocols, index=index)
+        results[run] = evaluate_model(
+            model,
+            data,
+            split,
+            protocols=protocols,
+            index=index,
+            full_sample=full_sample,
+            sample_seed=sample_seed,
+        )
         log(f"{run}: evaluated on {split} in {time.perf_counter() - t0:.1f} s")
     return results
 

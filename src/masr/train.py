@@ -285,6 +285,7 @@ def train_model(
     row_lengths = index.lengths(index.playlist)  # (N,) training songs of each row's playlist
     scales: dict[str, Tensor] = {}
     stopped_early = config.patience > 0 and bad_epochs >= config.patience
+    out_of_time = False
     progress.start(title or model.name, config.epochs, steps, first_epoch)
     try:
         for epoch in range(first_epoch, config.epochs + 1):
@@ -385,6 +386,8 @@ def train_model(
             if on_epoch is not None:
                 on_epoch(record)
             stopped_early = config.patience > 0 and bad_epochs >= config.patience
+            if config.time_limit and elapsed >= config.time_limit and epoch < config.epochs:
+                stopped_early = out_of_time = True
     finally:
         progress.finish()
         for module, flag in sparse_before.items():
@@ -404,4 +407,5 @@ def train_model(
         history=history,
         stopped_early=stopped_early,
         seconds=elapsed,
+        extra={"stopped_by_time_limit": out_of_time},
     )
