@@ -7,24 +7,7 @@
 #   bash benchmarks/device_search.sh        # from the repository root; env as device_check.sh,
 #                                           # plus LRS (default "0.003 0.01"), BATCH (4096)
 set -u
-DEST=${OUT:-bench-out/device}
-WORK=${WORK:-/tmp/masr-device}
-OUT=$WORK/results
-mkdir -p "$DEST" "$OUT"
-pack() { tar -czf "$DEST/.results.tgz" -C "$OUT" . && mv "$DEST/.results.tgz" "$DEST/results.tgz"; }
-exec > >(tee -a "$OUT/log.txt") 2>&1
-export PYTHONUNBUFFERED=1
-if [ "${DRY:-0}" != 1 ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}
-PY=${PY:-python3}
-mkdir -p "$WORK/bin"
-printf '#!/bin/sh\nexec "%s" -m masr_cli.main "$@"\n' "$(command -v "$PY")" >"$WORK/bin/masr"
-chmod +x "$WORK/bin/masr"
-export PATH=$WORK/bin:$PATH
-stage() { pack; echo "== $(date +%T) $*"; }
+source "$(dirname "$0")/_device_env.sh"
 
 DEVICE=${DEVICE:-cuda}
 TL=${TIME_LIMIT:-35}

@@ -25,20 +25,10 @@ def _publish_mode(path: str | os.PathLike[str], directory: bool = False) -> None
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator:
     """Open a temporary file next to ``path``; rename it over ``path`` only on success."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        _publish_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, open(tmp, mode) as fh:
+        yield fh
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 @contextlib.contextmanager
