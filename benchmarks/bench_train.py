@@ -2,6 +2,7 @@
 
     python benchmarks/bench_train.py [--models mdr,mass] [--batch-sizes 256,default]
                                      [--cores 2] [--max-seconds 120] [--skip-cuda]
+                                     [--set dropout=0] [--dense-too] [--one-thread-too]
 
 Targets (issue 3): CPU (2 cores) MDR <= 4 s/epoch, MASS <= 30 s/epoch; GPU MDR <= 0.5 s,
 MASS <= 2 s. The paper reports 173 s (MDR) and 375 s (MASS) per epoch on a GTX 1080 Ti.
@@ -10,7 +11,7 @@ The data is `masr prep` of ../shared/data/aotm2011.csv.gz (or $MASR_BENCH_DATA),
 into bench-out/train-aotm/ and reused while the input is unchanged. Each measurement is one
 epoch of the real training loop (`masr.train.train_model`: sampling, forward, backward, lazy
 Adam), validation excluded. On CPU the process is pinned to --cores cores with as many torch
-threads (and also measured with 1 thread); an epoch still running after --max-seconds is
+threads (also 1 thread with --one-thread-too); an epoch still running after --max-seconds is
 stopped and its time extrapolated from the steps done (marked "extrapolated"). Figures go to
 bench-out/train.json and a summary to stderr.
 """
@@ -51,7 +52,13 @@ def prepared(source: Path) -> Path:
 
 
 def one_epoch(
-    model_name: str, data, device: str, batch_size: int, max_seconds: float, sparse: bool = True
+    model_name: str,
+    data,
+    device: str,
+    batch_size: int,
+    max_seconds: float,
+    sparse: bool = True,
+    settings: dict | None = None,
 ) -> dict:
     """Seconds of one training epoch (validation excluded)."""
     import torch
@@ -62,7 +69,7 @@ def one_epoch(
 
     torch.manual_seed(0)
     cls = model_class(model_name)
-    model = cls(cls.config_class(), data.n_users, data.n_playlists, data.n_songs)
+    model = cls(cls.config_class(**(settings or {})), data.n_users, data.n_playlists, data.n_songs)
     steps_total = -(-len(data.train_song) // batch_size)
 
     class Clock(TrainProgress):
@@ -95,6 +102,7 @@ def one_epoch(
         "device": device,
         "batch_size": batch_size,
         "sparse": sparse,
+        "settings": settings or {},
         "threads": torch.get_num_threads() if device == "cpu" else None,
         "steps_per_epoch": steps_total,
         "measured_steps": clock.done if extrapolated else steps_total,
@@ -114,6 +122,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-seconds", type=float, default=120.0)
     parser.add_argument("--skip-cuda", action="store_true")
     parser.add_argument("--skip-cpu", action="store_true")
+    parser.add_argument("--one-thread-too", action="store_true", help="CPU: also 1 thread")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a model setting, as `masr train --set` (e.g. dropout=0); repeatable",
+    )
     parser.add_argument(
         "--dense-too",
         action="store_true",
@@ -131,6 +147,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     from masr.dataset import load_prepared
+    from masr.models import parse_settings
     from masr.runs import TrainConfig
 
     data = load_prepared(prepared(source))
@@ -143,7 +160,7 @@ def main(argv: list[str]) -> int:
     results = []
     plans: list[tuple[str, int | None]] = []
     if not args.skip_cpu:
-        plans += [("cpu", cores), ("cpu", 1)]
+        plans += [("cpu", cores)] + ([("cpu", 1)] if args.one_thread_too else [])
     if torch.cuda.is_available() and not args.skip_cuda:
         plans.append(("cuda", None))
     for device, threads in plans:
@@ -151,12 +168,13 @@ def main(argv: list[str]) -> int:
             torch.set_num_threads(threads)
         for model in models:
             for bs, sparse in [(b, s) for b in sizes for s in (True, False)[: 1 + args.dense_too]]:
-                r = one_epoch(model, data, device, bs, args.max_seconds, sparse)
+                settings = parse_settings([model], args.set)
+                r = one_epoch(model, data, device, bs, args.max_seconds, sparse, settings)
                 results.append(r)
                 mark = " (extrapolated)" if r["extrapolated"] else ""
                 print(
                     f"{model:5s} {device:4s} threads={r['threads']} batch={bs:6d} "
-                    f"{'sparse' if sparse else 'dense '}: "
+                    f"{'sparse' if sparse else 'dense '} {' '.join(args.set)}: "
                     f"{r['seconds_per_epoch']:8.2f} s/epoch{mark}  target {r['target_s']}",
                     file=sys.stderr,
                 )
