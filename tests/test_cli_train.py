@@ -109,6 +109,12 @@ def test_evaluate_selected_models_json_file_and_plot(
     assert valid["mdr"]["sampled"]["hit@10"] == pytest.approx(best["hit@10"], abs=1e-6)
     _fails([*base, "--model", "nope"], "--model nope")
     _fails([*base, "--plot", str(tmp_path / "x.txt")], "--plot")
+    # full ranking on a seeded sample of cases: named in the table, sampled protocol unchanged
+    some = _ok([*base, "--model", "mdr", "--full-sample", "7", "--json", "-"])
+    assert "7 cases drawn with seed 0" in " ".join(some.stderr.split())
+    every = json.loads(_ok([*base, "--model", "mdr", "--json", "-"]).stdout)
+    assert json.loads(some.stdout)["mdr"]["sampled"] == every["mdr"]["sampled"]
+    _fails([*base, "--full-sample", "-1"], "--full-sample")
 
 
 def test_resume_continues_a_run(tmp_path: Path) -> None:
@@ -126,6 +132,19 @@ def test_resume_continues_a_run(tmp_path: Path) -> None:
     _fails([*args, "--epochs", "4", "--lr", "0.5", "--resume"], "cannot --resume", "lr")
 
 
+def test_time_limit_is_a_budget_per_run(tmp_path: Path) -> None:
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    fast = ["--batch-size", "32", "--lr", "0.02", "--dim", "8", "--epochs", "5"]
+    _ok(["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *fast,
+         "--time-limit", "0.001"])
+    info = json.loads((runs / "mdr" / "run.json").read_text())
+    assert len(info["history"]) == 1 and info["stopped_by_time_limit"] is True
+    assert info["status"] == "finished" and (runs / "mdr" / "best.pt").is_file()
+
+
 def test_user_errors_are_one_line(tmp_path: Path) -> None:
     _fails(["train", "--model", "mdr", "--data", str(tmp_path / "none")], "manifest.json")
     _fails(["evaluate", "--data", str(tmp_path / "none")], "manifest.json")
@@ -133,6 +152,7 @@ def test_user_errors_are_one_line(tmp_path: Path) -> None:
 
     data = write_planted(tmp_path / "data")
     _fails(["train", "--data", str(data), "--batch-size", "0"], "--batch-size")
+    _fails(["train", "--data", str(data), "--time-limit", "-1"], "--time-limit")
     _fails(["evaluate", "--data", str(data), "--runs", str(tmp_path / "empty")], "no trained runs")
     if not torch.cuda.is_available():
         _fails(["train", "--data", str(data), "--device", "cuda"], "--device cuda")
