@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import functools
 import sys
 from collections.abc import Callable
@@ -16,6 +17,14 @@ from masr.errors import MasrError
 console = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Device(str, enum.Enum):
+    """--device of train, evaluate and score: auto picks CUDA when it is usable."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from masr_cli._common import console
+from masr_cli._common import Device, console
 
 NAME = "evaluate"
 
@@ -19,12 +19,6 @@ NAME = "evaluate"
 class Split(str, enum.Enum):
     test = "test"
     valid = "valid"
-
-
-class Device(str, enum.Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
 
 
 def command(

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from masr_cli._common import console
+from masr_cli._common import Device, console
 
 NAME = "score"
-
-
-class Device(str, enum.Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
 
 
 def command(

@@ -17,7 +17,7 @@ from rich.progress import (
 from rich.table import Table
 
 from masr.runs import RUNS, AdversarialConfig, RunOptions, TrainConfig
-from masr_cli._common import console
+from masr_cli._common import Device, console
 
 NAME = "train"
 
@@ -25,12 +25,6 @@ _T = TrainConfig()
 _A = AdversarialConfig()
 
 ModelName = enum.Enum("ModelName", {name: name for name in RUNS}, type=str)  # type: ignore[misc]
-
-
-class Device(str, enum.Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
 
 
 class NegMode(str, enum.Enum):
