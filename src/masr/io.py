@@ -127,6 +127,22 @@ def check_file(path: Path) -> bytes:
     return head
 
 
+def id_columns(path: str | Path, names: list[str], wanted: dict[str, str]) -> list[pl.Expr]:
+    """The expressions selecting ``wanted`` ({"user": column name, ...}) from a file with columns
+    ``names`` as Strings named user, playlist, track; a MasrError naming the missing columns, what
+    the file has and the ``--*-col`` options to use instead."""
+    missing = [v for v in wanted.values() if v not in names]
+    if missing:
+        option = {v: k for k, v in wanted.items()}
+        hint = ", ".join(f"--{option[m]}-col" for m in missing)
+        found = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise MasrError(
+            f"{path}: missing column {', '.join(repr(m) for m in missing)} (found: {found}); "
+            f"name the right one with {hint}"
+        )
+    return [pl.col(v).cast(pl.String).alias(k) for k, v in wanted.items()]
+
+
 def read_interactions(path: str | Path, columns: Columns | None = None) -> RawInput:
     """Read ``path`` and return its id columns (renamed to user/playlist/track) and extras."""
     columns = columns or Columns()
@@ -149,16 +165,7 @@ def read_interactions(path: str | Path, columns: Columns | None = None) -> RawIn
                 quote_char='"',
             )
         names = lf.collect_schema().names()
-        missing = [f"{v!r}" for v in wanted.values() if v not in names]
-        if missing:
-            option = {v: k for k, v in wanted.items()}
-            hint = ", ".join(f"--{option[m.strip(chr(39))]}-col" for m in missing)
-            found = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-            raise MasrError(
-                f"{path}: missing column {', '.join(missing)} (found: {found}); "
-                f"name the right one with {hint}"
-            )
-        select = [pl.col(v).cast(pl.String).alias(k) for k, v in wanted.items()]
+        select = id_columns(path, names, wanted)
         taken = set(wanted.values())
         if POSITION in names and POSITION not in taken:
             select.append(pl.col(POSITION))

@@ -40,7 +40,7 @@ import polars as pl
 
 from masr.atomic import atomic_file
 from masr.errors import MasrError
-from masr.io import Columns, check_file, detect_format
+from masr.io import Columns, check_file, detect_format, id_columns
 
 DEVICES = ("auto", "cpu", "cuda")
 FORMAT = "masr-onnx"
@@ -329,17 +329,7 @@ def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
         raise MasrError(f"{path}: empty file (no header or data)") from None
     except Exception as exc:
         raise MasrError(f"{path}: unreadable file ({_one_line(exc)})") from None
-    wanted = {"user": columns.user, "playlist": columns.playlist, "track": columns.track}
-    missing = [name for name in wanted.values() if name not in names]
-    if missing:
-        option = {v: k for k, v in wanted.items()}
-        hint = ", ".join(f"--{option[m]}-col" for m in missing)
-        found = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-        raise MasrError(
-            f"{path}: missing column {', '.join(repr(m) for m in missing)} (found: {found}); "
-            f"name the right one with {hint}"
-        )
-    lf = lf.select(pl.col(v).cast(pl.String).alias(k) for k, v in wanted.items())
+    lf = lf.select(id_columns(path, names, columns.as_dict()))
     try:
         empty = lf.head(1).collect().height == 0
     except Exception as exc:  # polars raises several error types for malformed files
