@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from masr.checkpoint import build_model, load_model, save_checkpoint
 from masr.errors import MasrError
@@ -14,7 +15,7 @@ from masr.models import model_class
 from masr.models.base import Batch
 from masr.models.masr import MASR, MASRConfig
 from masr.models.mass import MASS, MASSConfig, masked_softmin, weighted_pairwise_sq
-from masr.models.mdr import MDR, MDRConfig
+from masr.models.mdr import MDR, MDRConfig, mahalanobis_sq
 
 N_USERS, N_PLAYLISTS, N_SONGS, DIM = 5, 9, 23, 4
 
@@ -326,6 +327,31 @@ def test_shared_dropout_distance_matches_a_loop() -> None:
                     for j in range(4)
                 )
                 assert got[b, c, t].item() == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("p", [0.2, 0.5])
+def test_dropout_keep_has_the_requested_rate_and_keeps_the_expectation(p: float) -> None:
+    from masr.models.mdr import dropout_keep
+
+    torch.manual_seed(0)
+    keep, p_eff = dropout_keep((400, 50, 64), p, torch.device("cpu"), torch.float64)
+    assert abs(p_eff - p) <= 1 / 65536 and set(keep.unique().tolist()) <= {0.0, 1.0}
+    assert keep.mean().item() == pytest.approx(1 - p, abs=0.005)  # 1.28M draws: sd ~0.0005
+    # no visible correlation between neighbouring elements (they share a 64-bit draw)
+    flat = keep.flatten()
+    corr = torch.corrcoef(torch.stack([flat[:-1], flat[1:]]))[0, 1].item()
+    assert abs(corr) < 0.01
+    # the same law as inverted dropout on B ⊙ (x - y) before squaring (the reference's order):
+    # m = 0 or 1/(1-p), so E[(m z)^2] = z^2 / (1-p); compared with torch's own dropout
+    diff, metric = torch.randn(3, 4, 16, dtype=torch.float64), torch.rand(16, dtype=torch.float64)
+    exact = mahalanobis_sq(diff, metric)
+    ours = torch.stack([mahalanobis_sq(diff, metric, p, True) for _ in range(4000)])
+    torchs = torch.stack(
+        [F.dropout(diff * metric, p, True).square().sum(-1) for _ in range(4000)]
+    )
+    assert torch.allclose(ours.mean(0), exact / (1 - p), rtol=0.03)
+    assert torch.allclose(ours.mean(0), torchs.mean(0), rtol=0.04)
+    assert torch.allclose(ours.std(0), torchs.std(0), rtol=0.1)
 
 
 @pytest.mark.parametrize("factory", [make_mdr, make_mass, lambda: make_mass(dropout_mode="shared")])

@@ -52,7 +52,7 @@ from torch import Tensor, nn
 
 from masr.errors import MasrError
 from masr.models.base import Batch, ModelConfig, Recommender
-from masr.models.mdr import check_common, init_embedding, mahalanobis_sq
+from masr.models.mdr import check_common, dropout_keep, init_embedding, mahalanobis_sq
 
 QUERY_INITS = ("reference", "default")
 DROPOUT_MODES = ("element", "shared")
@@ -165,8 +165,8 @@ class MASS(Recommender):
             return mahalanobis_sq(diff, metric, p_drop, True)
         # "shared": one dropout mask per (row, candidate, dimension), shared by the L members:
         # Σ_j (m_j/(1-p))² B_j² (q_j - s_tj)², still in GEMM form (no (B, C, L, d) tensor)
-        keep = torch.rand(q.shape, dtype=q.dtype, device=q.device) >= p_drop  # (B, C, d)
-        return weighted_pairwise_sq(q, members, metric.square() * keep / (1.0 - p_drop) ** 2)
+        keep, p = dropout_keep(q.shape, p_drop, q.device, q.dtype)  # (B, C, d)
+        return weighted_pairwise_sq(q, members, metric.square() * keep / (1.0 - p) ** 2)
 
     def attention(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, C, L) attention weights α (eqs. 16-18) of each candidate over the row's members."""
