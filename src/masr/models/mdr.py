@@ -62,11 +62,17 @@ def mahalanobis_sq(
     ``diff`` (..., d) is x - y, ``metric`` (d,) is B. As in the authors' code, dropout acts on the
     scaled difference before squaring (train mode only): (m ⊙ z)² = m² ⊙ z² with m = 0 or
     1/(1-p), so the squares are masked and rescaled instead."""
-    sq = (diff * metric).square()  # (..., d)
+    scaled = diff * metric  # (..., d)
     if training and dropout > 0:
-        keep, p = dropout_keep(sq.shape, dropout, sq.device, sq.dtype)
-        return (sq * keep).sum(-1) * (1.0 / (1.0 - p) ** 2)
-    return sq.sum(-1)  # (...)
+        return dropped_square_sum(scaled, dropout)
+    return scaled.square().sum(-1)  # (...)
+
+
+def dropped_square_sum(scaled: Tensor, p: float) -> Tensor:
+    """Σ over the last axis of (m ⊙ z)², m = inverted dropout with rate ``p`` (0 or 1/(1-p) per
+    element): the squares are masked and rescaled by 1/(1-p)² instead."""
+    keep, p_eff = dropout_keep(scaled.shape, p, scaled.device, scaled.dtype)
+    return (scaled.square() * keep).sum(-1) * (1.0 / (1.0 - p_eff) ** 2)
 
 
 def dropout_keep(
