@@ -79,10 +79,12 @@ def dropout_keep(
     shape: torch.Size | tuple[int, ...], p: float, device: torch.device, dtype: torch.dtype
 ) -> tuple[Tensor, float]:
     """A dropout mask of ``shape`` (1 = kept, with probability 1 - p; else 0) and the drop rate
-    it really has: p rounded to a multiple of 1/65536. The mask is cut from 16-bit pieces of
-    64-bit draws of torch's global generator, four per draw: on CPU that is about 3x cheaper
-    than F.dropout's one draw per element, and dropout's masks are most of a training step's
-    forward pass there (docs/training.md)."""
+    it really has. On CPU the mask is cut from 16-bit pieces of 64-bit draws of torch's global
+    generator, four per draw, so p is rounded to a multiple of 1/65536: about 3x cheaper than
+    F.dropout's one draw per element, and dropout's masks are most of a training step's forward
+    pass there (docs/training.md). Other devices draw one uniform per element (exact p)."""
+    if torch.device(device).type != "cpu":
+        return (torch.rand(shape, device=device, dtype=dtype) >= p).to(dtype), p
     n = math.prod(shape)
     level = round(p * 65536)
     words = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device)
