@@ -108,6 +108,15 @@ def command(
             "epoch that passes it; 0 = no limit. Gives every model the same budget.",
         ),
     ] = _T.time_limit,
+    sparse: Annotated[
+        bool,
+        typer.Option(
+            "--sparse-grads/--dense-grads",
+            help="Embedding tables: row-sparse gradients with a lazy Adam (only the batch's rows "
+            "move), or dense gradients with plain Adam (every row's moments decay each step). "
+            "Dense is faster on a GPU at large batches (docs/training.md).",
+        ),
+    ] = _T.sparse,
     eps: Annotated[float, typer.Option(help="APR noise size ε (eqs. 23-24).")] = _A.eps,
     reg_adv: Annotated[
         float, typer.Option(help="APR weight λ_δ of the adversarial loss (eq. 23).")
@@ -185,6 +194,7 @@ def command(
             max_members=max_members,
             patience=patience,
             time_limit=time_limit,
+            sparse=sparse,
             seed=seed,
         ),
         adversarial=AdversarialConfig(
@@ -249,7 +259,7 @@ _OPTION_PATHS = {
     **{
         p: ("train", p)
         for p in ("epochs", "batch_size", "lr", "reg", "neg", "neg_mode", "max_members",
-                  "patience", "time_limit", "seed")
+                  "patience", "time_limit", "seed", "sparse")
     },
     "adv_epochs": ("adversarial", "epochs"),
     "eps": ("adversarial", "eps"),

@@ -145,6 +145,19 @@ def test_time_limit_is_a_budget_per_run(tmp_path: Path) -> None:
     assert info["status"] == "finished" and (runs / "mdr" / "best.pt").is_file()
 
 
+def test_dense_gradients_are_an_option(tmp_path: Path) -> None:
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    fast = ["--batch-size", "32", "--lr", "0.02", "--dim", "8", "--epochs", "2"]
+    args = ["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *fast]
+    _ok([*args, "--dense-grads"])
+    info = json.loads((runs / "mdr" / "run.json").read_text())
+    assert info["train_config"]["sparse"] is False and len(info["history"]) == 2
+    assert info["history"][-1]["valid"]["hit@10"] > 0
+
+
 def test_user_errors_are_one_line(tmp_path: Path) -> None:
     _fails(["train", "--model", "mdr", "--data", str(tmp_path / "none")], "manifest.json")
     _fails(["evaluate", "--data", str(tmp_path / "none")], "manifest.json")
