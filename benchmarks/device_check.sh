@@ -6,25 +6,21 @@
 #
 #   bash benchmarks/device_check.sh                    # from the repository root
 #
-# Environment: DATA_SRC (raw AOTM csv.gz; default ../shared/data/aotm2011.csv.gz or
-# .aotm/aotm2011.csv.gz), OUT (where logs and JSON go; default bench-out/device), WORK (scratch;
-# default /tmp/masr-device), DEVICE (cuda), TIME_LIMIT (seconds per trained run; default 100),
-# FULL_SAMPLE (full-ranking cases; default 10000), DRY=1 (embedded data, CPU, tiny budgets: a
-# rehearsal of the script itself). Polars wheels in .whl/ are installed first when present (the
-# GPU image has torch but no polars). Every stage is bounded by `timeout`, so one failure still
-# leaves the others' results.
+# Environment: DATA_SRC (raw AOTM csv.gz; default ../shared/data/aotm2011.csv.gz; the device
+# machine receives only the repository, so point DATA_SRC there at a file that travels), OUT
+# (where results.tgz goes; default bench-out/device), WORK (scratch; default /tmp/masr-device),
+# DEVICE (cuda), TIME_LIMIT (seconds per trained run; default 80), FULL_SAMPLE (full-ranking
+# cases; default 5000), DRY=1 (embedded data, CPU, tiny budgets: a rehearsal of the script
+# itself). Polars wheels in .whl/ are installed first when present (the GPU image has torch but
+# no polars). Every stage is bounded by `timeout`, so one failure still leaves the others'
+# results.
 set -u
 source "$(dirname "$0")/_device_env.sh"
 
 DEVICE=${DEVICE:-cuda}
 TL=${TIME_LIMIT:-80}
 FULL_SAMPLE=${FULL_SAMPLE:-5000}
-DATA_SRC=${DATA_SRC:-}
-if [ -z "$DATA_SRC" ]; then
-  for f in ../shared/data/aotm2011.csv.gz .aotm/aotm2011.csv.gz; do
-    [ -f "$f" ] && DATA_SRC=$f && break
-  done
-fi
+DATA_SRC=${DATA_SRC:-../shared/data/aotm2011.csv.gz}
 RUNS=$WORK/runs
 DATA=$WORK/data
 BENCH_ARGS=(--skip-cpu --models mdr,mass --batch-sizes 1024,4096 --max-seconds 8 --dense-too)

@@ -13,7 +13,7 @@ DEVICE=${DEVICE:-cuda}
 TL=${TIME_LIMIT:-35}
 BATCH=${BATCH:-4096}
 LRS=${LRS:-0.003 0.01}
-DATA_SRC=${DATA_SRC:-.aotm/aotm2011.csv.gz}
+DATA_SRC=${DATA_SRC:-../shared/data/aotm2011.csv.gz}
 DATA=$WORK/data
 if [ "${DRY:-0}" = 1 ]; then DEVICE=cpu TL=3 BATCH=1024 LRS="0.003"; fi
 
