@@ -2,7 +2,8 @@
 against PyTorch eager on the same batches.
 
     python benchmarks/bench_score.py [--playlists 1024] [--cores 2] [--batch-size 32]
-        [--chunk 256] [--device cpu] [--torch-playlists 256] [--skip-torch]
+        [--chunk 256] [--device cpu] [--torch-playlists 256] [--torch-device cpu[,cuda]]
+        [--skip-torch]
 
 Model: MDR + MASS (α = 0.5) with the sizes of AOTM-2011 as `masr prep` makes it (14,066 users,
 81,591 playlists, 64,077 songs, d = 64) and random weights: speed does not depend on training.
@@ -17,8 +18,10 @@ call per core side by side), with its ids and again as new playlists of new user
 playlists per second (wall) and per CPU-second (load-independent). Then, on the first
 --torch-playlists playlists, ONNX Runtime and PyTorch eager (MASR.full_distance, the models'
 GEMM form, + member exclusion + top-k, --cores threads) on the same batches, with the agreement
-of their top-K. Targets (issue 4): >= 200 playlists/s on 2 CPU cores with ONNX Runtime;
-ONNX Runtime >= 1.0x PyTorch. Figures go to bench-out/score.json, a summary to stderr.
+of their top-K (--torch-device cuda: PyTorch on the GPU too; with --device cuda, ONNX Runtime's
+CPU provider is also run on those playlists, for parity across providers). Targets (issue 4):
+>= 200 playlists/s on 2 CPU cores with ONNX Runtime; ONNX Runtime >= 1.0x PyTorch. Figures go
+to bench-out/score.json, a summary to stderr.
 
     python benchmarks/bench_score.py --quality-runs RUNS --quality-data DATA [--quality-cases N]
 
@@ -147,8 +150,9 @@ def time_engine(
     return figures, songs, scores
 
 
-def time_torch(model, plays: dict, k: int, batch_size: int, threads: int):
-    """PyTorch eager on the batches masr.score forms: MASR.full_distance, members excluded."""
+def time_torch(model, plays: dict, k: int, batch_size: int, threads: int, device: str = "cpu"):
+    """PyTorch eager on the batches masr.score forms: MASR.full_distance, members excluded,
+    on ``device`` (the model is moved there; CUDA is synchronised before the clock stops)."""
     import torch
 
     from masr.models.base import Batch
@@ -156,31 +160,41 @@ def time_torch(model, plays: dict, k: int, batch_size: int, threads: int):
 
     users, playlists, members = plays["users"], plays["playlists"], plays["members"]
     torch.set_num_threads(threads)
+    dev = torch.device(device)
+    model = model.to(dev)
     batches = plan_batches(users, np.array([len(m) for m in members]), batch_size)
     songs = np.zeros((len(users), k), dtype=np.int64)
     scores = np.zeros((len(users), k), dtype=np.float32)
 
     def run(rows):
-        m = torch.from_numpy(pad(members, rows))
+        m = torch.from_numpy(pad(members, rows)).to(dev)
         mask = m >= 0
         batch = Batch(
-            torch.from_numpy(users[rows]), torch.from_numpy(playlists[rows]), m.clamp_min(0), mask
+            torch.from_numpy(users[rows]).to(dev),
+            torch.from_numpy(playlists[rows]).to(dev),
+            m.clamp_min(0),
+            mask,
         )
         dist = model.full_distance(batch)  # (B, V), eq. 20
-        dist[torch.arange(len(rows))[:, None].expand_as(m)[mask], m[mask]] = float("inf")
+        row = torch.arange(len(rows), device=dev)[:, None].expand_as(m)
+        dist[row[mask], m[mask]] = float("inf")
         best = torch.topk(dist, k, dim=1, largest=False)
-        return best.indices.numpy(), -best.values.numpy()
+        return best.indices.cpu().numpy(), -best.values.cpu().numpy()
 
     with torch.inference_mode():
         run(batches[0][:8])  # warm-up
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         start = time.perf_counter()
         for rows in batches:
-            songs[rows], scores[rows] = run(rows)
+            songs[rows], scores[rows] = run(rows)  # .cpu() waits for the GPU
         seconds = time.perf_counter() - start
+    model.to("cpu")
     figures = {
         "playlists": len(users),
         "seconds": round(seconds, 3),
         "playlists_per_s": round(len(users) / seconds, 1),
+        "device": device,
         "threads": threads,
     }
     return figures, songs, scores
@@ -372,6 +386,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--torch-playlists", type=int, default=256, help="PyTorch is timed on these")
+    ap.add_argument(
+        "--torch-device", default="cpu", help="PyTorch eager on these, comma-separated: cpu,cuda"
+    )
     ap.add_argument("--quality-runs", type=Path, help="measure quality with these runs instead")
     ap.add_argument("--quality-data", type=Path, default=Path("data"))
     ap.add_argument("--quality-model", default=None, help="amasr, masr, ... (export's default)")
@@ -461,6 +478,13 @@ def main() -> int:
             single.close()
             result["onnxruntime"][first]["one_call_intra_op_threads"] = intra
             log(f"  ORT {first}, 1 call x {cores} threads: {intra['playlists_per_s']:.1f}/s")
+        ort_cpu = None
+        if engine.provider == "cuda" and not args.skip_torch:
+            cpu_engine = Engine(path, "cpu")
+            ort_cpu = time_engine(
+                cpu_engine, subset(workloads[first], args.torch_playlists), args.k
+            )
+            cpu_engine.close()
         if args.skip_torch:
             engine.close()
 
@@ -468,23 +492,36 @@ def main() -> int:
         part = subset(workloads[first], args.torch_playlists)
         ort_run, ort_songs, ort_scores = time_engine(engine, part, args.k, args.repeat)
         engine.close()
-        torch_run, t_songs, t_scores = time_torch(model, part, args.k, engine.batch_size, cores)
-        same = float((t_songs == ort_songs).all(axis=1).mean())
-        diff = float(np.abs(t_scores - ort_scores).max())
-        ratio = ort_run["playlists_per_s"] / torch_run["playlists_per_s"]
-        result["same_batches"] = {
-            "workload": first,
-            "onnxruntime": ort_run,
-            "pytorch_eager": torch_run,
-            "ort_over_pytorch": round(ratio, 2),
-            "same_top_k_fraction": same,
-            "max_abs_score_diff": diff,
-        }
-        log(
-            f"  same {len(t_songs)} playlists: ORT {ort_run['playlists_per_s']:.1f}/s, PyTorch "
-            f"eager {torch_run['playlists_per_s']:.1f}/s ({ratio:.2f}x); same top-{args.k}: "
-            f"{same:.3f}, max |Δscore| {diff:.2e}"
-        )
+        result["same_batches"] = {"workload": first, "onnxruntime": ort_run}
+        compare = {}
+        if ort_cpu is not None:  # the CPU provider on the same playlists: parity across EPs
+            compare["onnxruntime_cpu"] = ort_cpu
+        for device in args.torch_device.split(","):
+            run, songs, scores = time_torch(
+                model, part, args.k, engine.batch_size, cores, device=device
+            )
+            compare[f"pytorch_eager_{device}"] = (run, songs, scores)
+        for name, (run, songs, scores) in compare.items():
+            same = float((songs == ort_songs).all(axis=1).mean())
+            diff = float(np.abs(scores - ort_scores).max())
+            ratio = ort_run["playlists_per_s"] / run["playlists_per_s"]
+            result["same_batches"][name] = {
+                **run,
+                "ort_over_it": round(ratio, 2),
+                "same_top_k_fraction": same,
+                "max_abs_score_diff": diff,
+            }
+            log(
+                f"  same {len(songs)} playlists: ORT ({engine.provider}) "
+                f"{ort_run['playlists_per_s']:.1f}/s, {name} {run['playlists_per_s']:.1f}/s "
+                f"({ratio:.2f}x); same top-{args.k}: {same:.3f}, max |Δscore| {diff:.2e}"
+            )
+        if "pytorch_eager_cpu" in result["same_batches"]:  # the name earlier reports used
+            cpu = result["same_batches"]["pytorch_eager_cpu"]
+            result["same_batches"]["pytorch_eager"] = cpu
+            result["same_batches"]["ort_over_pytorch"] = cpu["ort_over_it"]
+            result["same_batches"]["same_top_k_fraction"] = cpu["same_top_k_fraction"]
+            result["same_batches"]["max_abs_score_diff"] = cpu["max_abs_score_diff"]
     result["targets"] = {"ort_playlists_per_s": 200, "ort_over_pytorch": 1.0}
     result["machine"]["load_avg_at_end"] = os.getloadavg()
     (OUT / "score.json").write_text(json.dumps(result, indent=2) + "\n")
