@@ -436,6 +436,9 @@ def main() -> int:
     chunk = args.chunk or ExportConfig().chunk
     start = time.perf_counter()
     graph = build_graph(mdr_weights(model.mdr), mass_weights(model.mass), 0.5, chunk=chunk, **sizes)
+    for key, value in {"chunk": chunk, "sizes": sizes}.items():  # as export writes them
+        entry = graph.metadata_props.add()
+        entry.key, entry.value = key, json.dumps(value)
     result["onnxruntime"] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "masr.onnx"
@@ -453,6 +456,7 @@ def main() -> int:
             "provider": engine.provider,
             "workers": engine.workers,
             "batch_size": engine.batch_size,
+            "max_cells": engine.max_cells,
         }
         log(
             f"ONNX Runtime on {engine.provider}: {engine.workers} worker(s), batches of "

@@ -14,8 +14,9 @@
 # ORT_SHA256 checks the joined archive. The unpacked wheel goes first on PYTHONPATH, with a link to
 # the image's nvidia/ wheels beside it, as `pip install onnxruntime-gpu` next to them would lay it
 # out (ONNX Runtime's preload_dlls() looks for nvidia/cu13/lib beside its own package).
-# CHECK: a folder with an exported embedded model (masr.onnx + side files), examples.csv and
-# bulk.csv (inputs in the `masr prep` format). Results: $OUT/results.tgz (see _device_env.sh).
+# CHECK: a folder with an exported embedded model (masr.onnx + side files; optionally the same
+# exported with --chunk 4096 as masr-c4096.onnx), examples.csv and bulk.csv[.gz] (inputs in the
+# `masr prep` format). Results: $OUT/results.tgz (see _device_env.sh).
 set -uo pipefail
 source "$(dirname "$0")/_device_env.sh"
 ORT_PARTS=${ORT_PARTS:-/tmp/ortparts}
@@ -43,27 +44,38 @@ nvidia-smi -L
 "$PY" -c 'import onnxruntime as o; print(o.__version__, o.__file__, o.get_available_providers())'
 
 stage "bench_score: ONNX Runtime CUDA vs CPU vs PyTorch eager CPU/CUDA (random AOTM-sized model)"
-for bs in 512 2048; do
-  "$PY" benchmarks/bench_score.py --device "$DEV" --cores 16 --playlists "$N" --batch-size "$bs" \
-    --repeat 3 --torch-playlists $((N / 4)) --torch-device "$TORCH_DEVICES"
-  cp bench-out/score.json "$OUT/score_${DEV}_b$bs.json"
+# export chunks (CHUNKS; 256 is the CPU-tuned default) at BATCHES playlists per call; PyTorch on
+# CPU (slow) only with the first pair
+first=1
+for chunk in ${CHUNKS:-256 4096 16384 65536}; do
+  for bs in ${BATCHES:-512}; do
+    torch=$TORCH_DEVICES; [ $first = 1 ] || torch=${TORCH_DEVICES#cpu,}; first=0
+    "$PY" benchmarks/bench_score.py --device "$DEV" --cores 16 --playlists "$N" --batch-size "$bs" \
+      --chunk "$chunk" --repeat 3 --torch-playlists $((N / 4)) --torch-device "$torch"
+    cp bench-out/score.json "$OUT/score_${DEV}_c${chunk}_b$bs.json"
+  done
 done
-"$PY" benchmarks/bench_score.py --device cpu --cores 16 --playlists "$N" --repeat 2 --skip-torch
-cp bench-out/score.json "$OUT/score_cpu16.json"
+if [ "${CPU16:-1}" = 1 ]; then
+  "$PY" benchmarks/bench_score.py --device cpu --cores 16 --playlists "$N" --repeat 2 --skip-torch
+  cp bench-out/score.json "$OUT/score_cpu16.json"
+fi
 
 stage "masr score --device cuda through the CLI, torch unimportable"
 noTorch() {  # the CLI with `import torch` failing: the scoring install has no PyTorch
   "$PY" -c 'import sys; sys.modules["torch"] = None; sys.argv[0] = "masr"
 from masr_cli.main import app; app()' "$@"
 }
-for dev in "$DEV" cpu; do
-  noTorch score "$CHECK/examples.csv" --model "$CHECK/masr.onnx" --device "$dev" \
-    >"$OUT/examples_$dev.csv"
+BULK=$(ls "$CHECK"/bulk.csv* | head -1)  # bulk.csv or bulk.csv.gz
+# CHECK/masr.onnx (chunk 256) on DEV and CPU; CHECK/masr-c4096.onnx (chunk 4096) on DEV
+for run in "$DEV masr" "cpu masr" "$DEV masr-c4096"; do
+  set -- $run
+  [ -f "$CHECK/$2.onnx" ] || continue
+  noTorch score "$CHECK/examples.csv" --model "$CHECK/$2.onnx" --device "$1" >"$OUT/examples_$1_$2.csv"
   echo "rc=$?"
   start=$EPOCHREALTIME
-  noTorch score "$CHECK/bulk.csv" --model "$CHECK/masr.onnx" --device "$dev" --out "$OUT/bulk_$dev.csv"
+  noTorch score "$BULK" --model "$CHECK/$2.onnx" --device "$1" --out "$OUT/bulk_$1_$2.csv"
   rc=$?
-  awk -v a="$start" -v b="$EPOCHREALTIME" -v d="$dev" -v rc=$rc \
+  awk -v a="$start" -v b="$EPOCHREALTIME" -v d="$1 $2" -v rc=$rc \
     'BEGIN { printf "rc=%d bulk on %s: %.2f s wall, process start included\n", rc, d, b - a }'
 done
 "$PY" - "$OUT" "$DEV" <<'EOF'
@@ -73,15 +85,23 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-out = Path(sys.argv[1])
+out, dev = Path(sys.argv[1]), sys.argv[2]
 for name in ("examples", "bulk"):
-    cuda = pl.read_csv(out / f"{name}_{sys.argv[2]}.csv", infer_schema=False)
-    cpu = pl.read_csv(out / f"{name}_cpu.csv", infer_schema=False)
-    both = cuda.join(cpu, on=["playlist_id", "rank"], suffix="_cpu")
-    same = both.group_by("playlist_id").agg((pl.col("track_id") == pl.col("track_id_cpu")).all())
-    diff = np.abs(both["score"].cast(float) - both["score_cpu"].cast(float)).max()
-    print(f"{name}: {cuda.height} rows (cpu {cpu.height}), {same.height} playlists, same top-K "
-          f"{same['track_id'].mean():.4f}, max |score diff| {diff:.2e}")
+    cpu = pl.read_csv(out / f"{name}_cpu_masr.csv", infer_schema=False)
+    for model in ("masr", "masr-c4096"):
+        if not (out / f"{name}_{dev}_{model}.csv").exists():
+            continue
+        other = pl.read_csv(out / f"{name}_{dev}_{model}.csv", infer_schema=False)
+        both = other.join(cpu, on=["playlist_id", "rank"], suffix="_cpu")
+        same = both.group_by("playlist_id").agg(
+            (pl.col("track_id") == pl.col("track_id_cpu")).all()
+        )
+        diff = np.abs(both["score"].cast(float) - both["score_cpu"].cast(float)).max()
+        print(
+            f"{name}, {model} on {dev} vs masr on cpu: {other.height} rows (cpu {cpu.height}), "
+            f"{same.height} playlists, same top-K {same['track_id'].mean():.4f}, "
+            f"max |score diff| {diff:.2e}"
+        )
 EOF
 stage "done"
 pack

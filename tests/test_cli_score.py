@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from typer.testing import CliRunner
@@ -154,7 +155,7 @@ def test_help_teaches_the_options() -> None:
     for command, options in (
         ("score", ["--model", "--k", "--out", "--device", "--batch-size", "--user-col",
                    "--playlist-col", "--track-col"]),
-        ("export", ["--runs", "--model", "--alpha", "--out"]),
+        ("export", ["--runs", "--model", "--alpha", "--out", "--chunk"]),
     ):  # fmt: skip
         result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
         assert result.exit_code == 0
@@ -231,3 +232,22 @@ def test_example_playlists_fit_the_embedded_dataset(tmp_path: Path) -> None:
     assert recs.height == 30
     assert "2 new playlists and 1 playlist of new users folded in" in result.stderr
     assert "1 row with unknown songs ignored" in result.stderr
+
+
+def test_export_chunk_changes_speed_not_scores(tmp_path: Path, runs: Path, model: Path) -> None:
+    """--chunk (the MASS loop's step; bigger is faster on CUDA) is recorded and scores equal."""
+    big = tmp_path / "big.onnx"
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(big), "--chunk", "7"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "big.onnx.json").read_text())["chunk"] == 7
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    outs = []
+    for onnx_file in (model, big):
+        result = runner.invoke(app, ["score", str(src), "--model", str(onnx_file), "--k", "5"])
+        assert result.exit_code == 0, result.stderr
+        outs.append(pl.read_csv(result.stdout.encode()))
+    assert outs[0]["track_id"].to_list() == outs[1]["track_id"].to_list()
+    np.testing.assert_allclose(outs[0]["score"].to_numpy(), outs[1]["score"].to_numpy(), rtol=1e-5)
+    bad = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(big), "--chunk", "0"])
+    assert bad.exit_code == 1 and "--chunk 0: must be >= 1" in bad.stderr

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from masr.errors import MasrError
 from masr.io import Columns
-from masr.score import ExportedModel, ScoreConfig, plan_batches, score_file
+from masr.score import ExportedModel, ScoreConfig, grid_cells, plan_batches, score_file
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +272,49 @@ def test_batch_plan_covers_every_playlist_once(rows, batch_size, cap) -> None:
     assert all(1 <= len(b) <= batch_size for b in batches)
     unknown = np.flatnonzero(users[flat] == -1)  # new users share one query: kept together
     assert len(unknown) == 0 or unknown[-1] - unknown[0] == len(unknown) - 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(-1, 6), st.integers(0, 20)), min_size=1, max_size=120),
+    st.integers(1, 40),
+    st.integers(1, 200),
+)
+def test_batch_plan_keeps_every_call_within_the_cell_budget(rows, batch_size, max_cells) -> None:
+    users = np.array([u for u, _ in rows])
+    lengths = np.array([n for _, n in rows])
+    batches = plan_batches(users, lengths, batch_size, max_cells=max_cells)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(len(rows)))
+    unsplit = np.concatenate(plan_batches(users, lengths, batch_size))
+    assert flat.tolist() == unsplit.tolist()  # only cut further, never reordered
+    for rows_ in batches:
+        assert len(rows_) == 1 or grid_cells(users[rows_], lengths[rows_]) <= max_cells
+
+
+def test_engine_bounds_its_calls_by_the_graph_chunk(
+    exported: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine reads the export's chunk (16 here) and splits calls whose grid x chunk would
+    pass MAX_GRID_FLOATS; the results do not change."""
+    import masr.score as score
+
+    users = np.arange(36) % 12
+    playlists = np.arange(36)
+    members = [np.arange(i % 5, i % 5 + 1 + i % 7) for i in range(36)]
+    whole = ExportedModel(exported, "cpu", batch_size=64)
+    assert whole.max_cells == score.MAX_GRID_FLOATS // 16
+    expected = whole.recommend(users, playlists, members, 5)
+    monkeypatch.setattr(score, "MAX_GRID_FLOATS", 16 * 8)
+    small = ExportedModel(exported, "cpu", batch_size=64)
+    assert small.max_cells == 8
+    calls = []
+    own = small.top_k
+    monkeypatch.setattr(small, "top_k", lambda *a: calls.append(len(a[0])) or own(*a))
+    songs, scores = small.recommend(users, playlists, members, 5)
+    assert len(calls) > 1 and max(calls) < 36
+    np.testing.assert_array_equal(songs, expected[0])
+    np.testing.assert_allclose(scores, expected[1], rtol=1e-6)
 
 
 def test_batch_plan_pads_little_and_shares_user_queries() -> None:

@@ -107,7 +107,7 @@ class ExportConfig:
         if self.alpha is not None and not (0.0 <= self.alpha <= 1.0):
             raise MasrError(f"--alpha {self.alpha}: must be between 0 and 1")
         if self.chunk < 1:
-            raise MasrError(f"chunk {self.chunk}: must be >= 1")
+            raise MasrError(f"--chunk {self.chunk}: must be >= 1")
         if self.unknown_user not in UNKNOWN_USER_MODES:
             raise MasrError(
                 f"unknown_user {self.unknown_user!r}: choose one of {UNKNOWN_USER_MODES}"

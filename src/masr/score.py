@@ -45,6 +45,8 @@ from masr.io import Columns, check_file, detect_format, id_columns
 DEVICES = ("auto", "cpu", "cuda")
 FORMAT = "masr-onnx"
 UNKNOWN = -1
+#: Floats in one of the graph's largest tensors (grid x chunk, ``plan_batches``) per call: 1 GiB.
+MAX_GRID_FLOATS = 1 << 28
 HEADER = b"playlist_id,rank,track_id,score\n"
 
 
@@ -171,7 +173,20 @@ class Engine:
         self.session, self.provider = self._session(ort, device, workers or cores, cores)
         self.workers = 1 if self.provider == "cuda" else (workers or cores)
         self.batch_size = batch_size or (512 if self.provider == "cuda" else 16)
+        chunk = self._graph_chunk()
+        self.max_cells = MAX_GRID_FLOATS // chunk if chunk else None
         self._pool: ThreadPoolExecutor | None = None
+
+    def _graph_chunk(self) -> int | None:
+        """The songs per MASS loop step of the graph (the export's chunk, at most the catalog
+        plus its one padding column), from the model's metadata; None if it is not there."""
+        meta = self.session.get_modelmeta().custom_metadata_map
+        try:
+            chunk = int(json.loads(meta["chunk"]))
+            songs = int(json.loads(meta.get("sizes", "{}")).get("n_songs", chunk))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        return min(chunk, songs + 1) if chunk > 0 else None
 
     def _session(self, ort: Any, device: str, workers: int, cores: int) -> tuple[Any, str]:
         options = ort.SessionOptions()
@@ -220,7 +235,8 @@ class Engine:
         (n, K)), in the given order. Batches group each user's playlists (see ``plan_batches``)
         and run ``workers`` at a time."""
         n = len(users)
-        batches = plan_batches(users, np.array([len(m) for m in members]), self.batch_size)
+        lengths = np.array([len(m) for m in members], dtype=np.int64)
+        batches = plan_batches(users, lengths, self.batch_size, max_cells=self.max_cells)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.workers)
         futures = [
@@ -453,8 +469,19 @@ def _prepare(frame: pl.DataFrame, model: ExportedModel, summary: ScoreSummary) -
     )
 
 
+def grid_cells(users: np.ndarray, n_members: np.ndarray) -> int:
+    """Member slots of the graph's padded grid for one call of these playlists: users x most
+    playlists of one user x most members of one playlist (unknown users, -1, are one user)."""
+    _, per_user = np.unique(users, return_counts=True)
+    return len(per_user) * int(per_user.max()) * max(1, int(n_members.max()))
+
+
 def plan_batches(
-    users: np.ndarray, n_members: np.ndarray, batch_size: int, group_cap: int = 8
+    users: np.ndarray,
+    n_members: np.ndarray,
+    batch_size: int,
+    group_cap: int = 8,
+    max_cells: int | None = None,
 ) -> list[np.ndarray]:
     """Row positions of each ONNX call.
 
@@ -465,7 +492,12 @@ def plan_batches(
     pieces of at most ``group_cap``; pieces of equal size and similar member counts then fill
     the calls, biggest first. Unknown users (-1) share one query (the mean user): all their
     playlists form one piece. On AOTM (81,591 playlists, calls of 32) this pads 1.2x the real
-    member slots with 3 playlists per user query (sorted by user only: 2.4x and 5)."""
+    member slots with 3 playlists per user query (sorted by user only: 2.4x and 5).
+
+    ``max_cells`` bounds a call's grid (``grid_cells``): a call over it is halved until it fits
+    or holds one playlist. The graph's largest tensors hold grid x chunk floats, so the engine
+    sets it from the export's chunk (a big chunk, faster on CUDA, with calls of 512 would
+    otherwise pass cuDNN's 2^31-element limit and the GPU's memory)."""
     if len(users) == 0:
         return []
     octave = np.floor(np.log2(n_members + 1)).astype(np.int64)
@@ -482,7 +514,19 @@ def plan_batches(
     piece_rank = np.empty(len(size), dtype=np.int64)
     piece_rank[np.lexsort((longest, -size))] = np.arange(len(size))  # big pieces first
     final = order[np.argsort(piece_rank[piece], kind="stable")]
-    return [final[i : i + batch_size] for i in range(0, len(final), batch_size)]
+    batches = [final[i : i + batch_size] for i in range(0, len(final), batch_size)]
+    if max_cells is None:
+        return batches
+    fitted: list[np.ndarray] = []
+    todo = batches[::-1]  # a stack: the next call on top, order kept
+    while todo:
+        rows = todo.pop()
+        if len(rows) > 1 and grid_cells(users[rows], n_members[rows]) > max_cells:
+            half = len(rows) // 2
+            todo += [rows[half:], rows[:half]]
+        else:
+            fitted.append(rows)
+    return fitted
 
 
 def pad(members: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
@@ -569,6 +613,7 @@ __all__ = [
     "ScoreConfig",
     "ScoreSummary",
     "pad",
+    "grid_cells",
     "plan_batches",
     "score_file",
 ]
