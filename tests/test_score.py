@@ -331,3 +331,24 @@ def test_batch_plan_pads_little_and_shares_user_queries() -> None:
         queries += len(per_user)
     assert slots / lengths.sum() < 1.6
     assert len(users) / queries > 3
+
+
+def test_a_cuda_session_hints_at_a_whole_catalog_chunk(
+    tmp_path: Path, exported: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA an export with the CPU's small loop step gets one hint line naming the option."""
+    import masr.score as score
+
+    real = score.Engine._session
+    monkeypatch.setattr(
+        score.Engine, "_session", lambda self, *a: (real(self, *a)[0], "cuda")
+    )  # a CPU session labelled CUDA: only the provider name matters here
+    lines: list[str] = []
+    src = write_csv(tmp_path / "in.csv", ROWS[:2])
+    score_file(src, exported, tmp_path / "o.csv", ScoreConfig(k=3), log=lines.append)
+    hints = [line for line in lines if line.startswith("hint:")]
+    assert hints == [
+        "hint: this export walks the catalog 16 songs at a time (the CPU's best); for CUDA, "
+        "masr export --chunk 49 scores faster"
+    ]
+    assert read_out(tmp_path / "o.csv").height == 3

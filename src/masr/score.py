@@ -173,8 +173,8 @@ class Engine:
         self.session, self.provider = self._session(ort, device, workers or cores, cores)
         self.workers = 1 if self.provider == "cuda" else (workers or cores)
         self.batch_size = batch_size or (512 if self.provider == "cuda" else 16)
-        chunk = self._graph_chunk()
-        self.max_cells = MAX_GRID_FLOATS // chunk if chunk else None
+        self.chunk = self._graph_chunk()
+        self.max_cells = MAX_GRID_FLOATS // self.chunk if self.chunk else None
         self._pool: ThreadPoolExecutor | None = None
 
     def _graph_chunk(self) -> int | None:
@@ -581,6 +581,11 @@ def score_file(
         f"({exported.n_songs:,} songs), {exported.workers} worker(s), "
         f"batches of {exported.batch_size}"
     )
+    if exported.provider == "cuda" and exported.chunk and exported.chunk <= exported.n_songs:
+        say(  # the CPU-sized default loop step: a whole-catalog one was 3.3x faster on an H200
+            f"hint: this export walks the catalog {exported.chunk} songs at a time (the CPU's "
+            f"best); for CUDA, masr export --chunk {exported.n_songs + 1} scores faster"
+        )
     try:
         if out is None:
             _write_all(input, exported, sys.stdout.buffer, config, summary)
