@@ -173,6 +173,11 @@ class Engine:
         self.session, self.provider = self._session(ort, device, workers or cores, cores)
         self.workers = 1 if self.provider == "cuda" else (workers or cores)
         self.batch_size = batch_size or (512 if self.provider == "cuda" else 16)
+        raw = self.session.get_modelmeta().custom_metadata_map
+        try:  # every value is JSON in a masr export; anything else: no metadata
+            self.metadata: dict[str, Any] = {key: json.loads(value) for key, value in raw.items()}
+        except ValueError:
+            self.metadata = {}
         self.chunk = self._graph_chunk()
         self.max_cells = MAX_GRID_FLOATS // self.chunk if self.chunk else None
         self._pool: ThreadPoolExecutor | None = None
@@ -180,10 +185,9 @@ class Engine:
     def _graph_chunk(self) -> int | None:
         """The songs per MASS loop step of the graph (the export's chunk, at most the catalog
         plus its one padding column), from the model's metadata; None if it is not there."""
-        meta = self.session.get_modelmeta().custom_metadata_map
         try:
-            chunk = int(json.loads(meta["chunk"]))
-            songs = int(json.loads(meta.get("sizes", "{}")).get("n_songs", chunk))
+            chunk = int(self.metadata["chunk"])
+            songs = int(self.metadata.get("sizes", {}).get("n_songs", chunk))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         return min(chunk, songs + 1) if chunk > 0 else None
@@ -268,7 +272,7 @@ class ExportedModel(Engine):
         batch_size: int | None = None,
     ) -> None:
         super().__init__(path, device, workers, batch_size)
-        self.metadata = self._metadata()
+        self._check_metadata()
         sizes = self.metadata["sizes"]
         self.n_songs = int(sizes["n_songs"])
         maps = self._id_maps(sizes)
@@ -283,12 +287,9 @@ class ExportedModel(Engine):
             pl.col("user_id").cast(pl.String), pl.col("user_idx").cast(pl.Int64)
         )
 
-    def _metadata(self) -> dict[str, Any]:
-        raw = self.session.get_modelmeta().custom_metadata_map
-        try:
-            meta = {key: json.loads(value) for key, value in raw.items()}
-        except ValueError:
-            meta = {}
+    def _check_metadata(self) -> None:
+        """A masr export, whose metadata JSON file (if present) is this export's."""
+        meta = self.metadata
         if meta.get("format") != FORMAT:
             raise MasrError(f"--model {self.path}: not a masr export (no masr metadata)")
         side = _sidecar(self.path, "json")
@@ -301,7 +302,6 @@ class ExportedModel(Engine):
                 raise MasrError(
                     f"{side}: belongs to another export than {self.path.name}; export again"
                 )
-        return meta
 
     def _id_maps(self, sizes: dict[str, int]) -> dict[str, pl.DataFrame]:
         expected = {"songs": "n_songs", "playlists": "n_playlists", "users": "n_users"}
