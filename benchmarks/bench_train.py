@@ -63,8 +63,8 @@ def one_epoch(
     """Seconds of one training epoch (validation excluded)."""
     import torch
 
+    from masr.config import TrainConfig
     from masr.models import model_class
-    from masr.runs import TrainConfig
     from masr.train import TrainProgress, train_model
 
     torch.manual_seed(0)
@@ -146,9 +146,9 @@ def main(argv: list[str]) -> int:
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cores]))
     import torch
 
+    from masr.config import TrainConfig
     from masr.dataset import load_prepared
     from masr.models import parse_settings
-    from masr.runs import TrainConfig
 
     data = load_prepared(prepared(source))
     default_bs = TrainConfig().batch_size

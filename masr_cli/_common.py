@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -11,6 +12,7 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
+from masr.config import DEVICES
 from masr.errors import MasrError
 
 #: Logs, tables and progress bars go to stderr; stdout carries data only (CSV, JSON).
@@ -19,12 +21,29 @@ console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Device(str, enum.Enum):
-    """--device of train, evaluate and score: auto picks CUDA when it is usable."""
+def choices(name: str, values: tuple[str, ...]) -> Any:
+    """A ``str`` Enum of ``values`` for a Typer option, built from the library's tuple so that
+    the CLI never repeats a list of choices."""
+    return enum.Enum(name, {v: v for v in values}, type=str)
 
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
+
+#: --device of train, evaluate and score: auto picks CUDA when it is usable
+Device = choices("Device", DEVICES)
+
+
+def unwrap(doc: str | None) -> str:
+    """A command's docstring as Typer help that Rich can wrap to the terminal: the lines of each
+    prose paragraph joined into one (Typer keeps single line breaks, which left ragged half-lines
+    at 80 columns); indented blocks (examples) keep their lines."""
+    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
+    out = []
+    for para in paragraphs:
+        lines = para.split("\n")
+        if any(line.startswith(" ") for line in lines):
+            out.append(para)
+        else:
+            out.append(" ".join(line.strip() for line in lines))
+    return "\n\n".join(out)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import json
 import sys
 from pathlib import Path
@@ -11,14 +10,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from masr_cli._common import Device, console
+from masr.config import SPLITS
+from masr_cli._common import Device, choices, console
 
 NAME = "evaluate"
 
 
-class Split(str, enum.Enum):
-    test = "test"
-    valid = "valid"
+Split = choices("Split", SPLITS)
 
 
 def command(
@@ -86,8 +84,13 @@ def command(
     """
     from masr.dataset import load_prepared
     from masr.errors import MasrError
-    from masr.evaluate import comparison_rows, plot_hit_curves, to_jsonable
-    from masr.runs import evaluate_runs
+    from masr.report import (
+        comparison_rows,
+        evaluate_runs,
+        plot_hit_curves,
+        to_jsonable,
+        write_json,
+    )
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise MasrError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
@@ -133,18 +136,10 @@ def command(
         else:
             table.add_row(label, row.label, *(_num(v) for v in row.values))
     console.print(table)
-    payload = to_jsonable(results)
     if json_out == "-":
-        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        sys.stdout.write(json.dumps(to_jsonable(results), indent=2) + "\n")
     elif json_out is not None:
-        from masr.atomic import atomic_file
-
-        try:
-            with atomic_file(Path(json_out), "w") as fh:
-                json.dump(payload, fh, indent=2)
-                fh.write("\n")
-        except OSError as exc:
-            raise MasrError(f"--json {json_out}: cannot write ({exc.strerror})") from None
+        write_json(results, json_out)
         console.print(f"wrote {json_out}")
     if plot is not None:
         plot_hit_curves(results, plot, title=split.value)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from masr_cli import evaluate, export, prep, score, synth, train
-from masr_cli._common import handle_errors
+from masr_cli._common import handle_errors, unwrap
 
 app = typer.Typer(
     name="masr",
@@ -45,7 +45,9 @@ def main(
 
 
 for module in (prep, synth, train, evaluate, export, score):
-    app.command(name=module.NAME)(handle_errors(module.command))
+    app.command(name=module.NAME, help=unwrap(module.command.__doc__))(
+        handle_errors(module.command)
+    )
 
 
 def run() -> None:

@@ -16,30 +16,28 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from masr.runs import RUNS, AdversarialConfig, RunOptions, TrainConfig
-from masr_cli._common import Device, console
+from masr.config import (
+    ALPHA,
+    ENTITIES,
+    NEG_MODES,
+    NOISE_MODES,
+    OPTION_PATHS,
+    AdversarialConfig,
+    RunOptions,
+    TrainConfig,
+)
+from masr.runs import RUNS
+from masr_cli._common import Device, choices, console
 
 NAME = "train"
 
 _T = TrainConfig()
 _A = AdversarialConfig()
 
-ModelName = enum.Enum("ModelName", {name: name for name in RUNS}, type=str)  # type: ignore[misc]
-
-
-class NegMode(str, enum.Enum):
-    hardest = "hardest"
-    pairs = "pairs"
-
-
-class Noise(str, enum.Enum):
-    flexible = "flexible"
-    fixed = "fixed"
-
-
-class Entity(str, enum.Enum):
-    user = "user"
-    playlist = "playlist"
+ModelName = choices("ModelName", tuple(RUNS))
+NegMode = choices("NegMode", NEG_MODES)
+Noise = choices("Noise", NOISE_MODES)
+Entity = choices("Entity", ENTITIES)
 
 
 def command(
@@ -127,7 +125,7 @@ def command(
     ] = Noise(_A.noise),
     alpha: Annotated[
         float, typer.Option(help="Fusion weight of MDR in MASR/AMASR (eq. 20); MASS gets 1-α.")
-    ] = 0.5,
+    ] = ALPHA,
     entity: Annotated[
         Entity | None,
         typer.Option(
@@ -173,7 +171,7 @@ def command(
 
     Examples:
 
-      masr train --model amasr                 # the paper's best model, whole chain
+      masr train --model amasr                 # the whole AMASR chain
 
       masr train --model mdr --epochs 20 --device cpu
 
@@ -215,9 +213,7 @@ def command(
     if resume:
         saved = saved_options(runs, name)
         if saved is not None:
-            explicit = {p for p in _OPTION_PATHS if _given(ctx, p)}
-            options = _merge(options, saved, explicit)
-    options.validate()
+            options = options.merged(saved, {p for p in OPTION_PATHS if _given(ctx, p)})
     if threads < 0:
         raise MasrError("--threads must be >= 0 (0 = PyTorch's default)")
     prepared = load_prepared(data)
@@ -253,44 +249,10 @@ def command(
     )
 
 
-#: CLI parameter -> where it lives in RunOptions (section, field); used by --resume to take
-#: the resumed run's value for every option not given on the command line
-_OPTION_PATHS = {
-    **{
-        p: ("train", p)
-        for p in ("epochs", "batch_size", "lr", "reg", "neg", "neg_mode", "max_members",
-                  "patience", "time_limit", "seed", "sparse")
-    },
-    "adv_epochs": ("adversarial", "epochs"),
-    "eps": ("adversarial", "eps"),
-    "reg_adv": ("adversarial", "reg_adv"),
-    "noise": ("adversarial", "noise"),
-    "dim": ("model", "dim"),
-    "entity": ("model", "entity"),
-    "alpha": ("", "alpha"),
-    "device": ("", "device"),
-}
-
-
 def _given(ctx: typer.Context, param: str) -> bool:
     """Was ``param`` set on the command line (or the environment), not left at its default?"""
     source = ctx.get_parameter_source(param)
     return source is not None and source.name != "DEFAULT"
-
-
-def _merge(options: RunOptions, saved: RunOptions, explicit: set[str]) -> RunOptions:
-    """``options`` with every value not in ``explicit`` taken from ``saved``."""
-    for param, (section, name) in _OPTION_PATHS.items():
-        if param in explicit:
-            continue
-        if section == "model":
-            if name in saved.model:
-                options.model[name] = saved.model[name]
-        elif section:
-            setattr(getattr(options, section), name, getattr(getattr(saved, section), name))
-        else:
-            setattr(options, name, getattr(saved, name))
-    return options
 
 
 class RichProgress:

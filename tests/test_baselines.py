@@ -13,12 +13,14 @@ import torch
 from typer.testing import CliRunner
 
 from masr.checkpoint import load_model, save_checkpoint
+from masr.config import RunOptions, TrainConfig
 from masr.dataset import PreparedData
 from masr.errors import MasrError
 from masr.evaluate import evaluate_model, metric_names
 from masr.models import BASELINES, model_class, parse_settings
 from masr.models.base import Recommender
-from masr.runs import RunOptions, TrainConfig, evaluate_runs, train_run
+from masr.report import evaluate_runs
+from masr.runs import train_run
 from masr.sampling import TrainingIndex, context_batch
 from masr_cli.main import app
 

@@ -188,3 +188,13 @@ def test_train_and_evaluate_modules_import_without_torch() -> None:
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_set_refuses_a_setting_with_its_own_option(tmp_path: Path) -> None:
+    """α of the fusions belongs to --alpha: `--set alpha=` used to be accepted and ignored."""
+    for model in ("amasr", "masr"):
+        _fails(["train", "--model", model, "--data", str(tmp_path), "--set", "alpha=0.7"],
+               "--set alpha=0.7", "--alpha 0.7")
+    # item-kNN's own alpha (asymmetric cosine) is still a --set setting
+    _fails(["train", "--model", "itemknn", "--data", str(tmp_path / "none"),
+            "--set", "alpha=0.75"], "manifest.json")

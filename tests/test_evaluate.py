@@ -12,17 +12,10 @@ import torch
 from torch import Tensor
 
 from masr.dataset import Cases, PreparedData
-from masr.evaluate import (
-    COLUMNS,
-    NOT_YET_RUN,
-    comparison_rows,
-    evaluate_model,
-    metric_names,
-    metrics_from_ranks,
-    plot_hit_curves,
-    run_order,
-)
+from masr.evaluate import evaluate_model, metric_names, metrics_from_ranks
 from masr.models.base import Batch, ModelConfig, Recommender
+from masr.report import COLUMNS, comparison_rows, plot_hit_curves
+from masr.runs.registry import NOT_YET_RUN, run_order
 
 
 @dataclass

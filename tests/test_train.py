@@ -11,11 +11,12 @@ import torch
 from torch import Tensor, nn
 
 from masr.checkpoint import load_checkpoint, load_model
+from masr.config import AdversarialConfig, RunOptions, TrainConfig
 from masr.dataset import PreparedData
 from masr.errors import MasrError
 from masr.evaluate import evaluate_model
 from masr.models.base import Batch, ModelConfig, Recommender
-from masr.runs import AdversarialConfig, RunOptions, TrainConfig, plan, signature, train_run
+from masr.runs import plan, signature, train_run
 from masr.train import LazyAdam, TrainProgress, ranking_loss, resolve_device, train_model
 
 FAST = {"batch_size": 32, "lr": 0.02}
@@ -341,3 +342,26 @@ def test_training_and_sampling_on_cuda(planted: PreparedData) -> None:
     cpu = evaluate_model(model.cpu(), planted)
     gpu = evaluate_model(model.cuda(), planted, device="cuda")
     assert cpu["sampled"]["hit@10"] == pytest.approx(gpu["sampled"]["hit@10"], abs=0.03)
+
+
+def test_resume_merge_keeps_explicit_options_and_takes_the_rest() -> None:
+    """RunOptions.merged: what --resume does with the options of the interrupted run."""
+    saved = RunOptions(
+        train=TrainConfig(epochs=3, lr=0.02, batch_size=32),
+        adversarial=AdversarialConfig(eps=0.5),
+        model={"dim": 8},
+        alpha=0.3,
+    )
+    given = RunOptions(train=TrainConfig(epochs=9), model={"dim": None})
+    merged = given.merged(saved, {"epochs"})
+    assert merged.train.epochs == 9  # given on the command line
+    assert (merged.train.lr, merged.train.batch_size) == (0.02, 32)  # from the run
+    assert merged.adversarial.eps == 0.5 and merged.alpha == 0.3 and merged.model["dim"] == 8
+    assert saved.train.epochs == 3 and given.train.lr != 0.02  # neither input is changed
+
+
+def test_configs_are_checked_when_made() -> None:
+    with pytest.raises(MasrError, match="--alpha"):
+        RunOptions(alpha=1.5)
+    with pytest.raises(MasrError, match="--noise"):
+        AdversarialConfig(noise="loud")

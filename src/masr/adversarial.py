@@ -26,9 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from masr.config import NOISE_MODES
 from masr.models.base import Recommender
-
-NOISE_MODES = ("flexible", "fixed")
 
 
 @dataclass

@@ -9,20 +9,18 @@ In both, the rank of the held-out song is the number of competing songs whose di
 ``<=`` its own, so ties count against it (a constant model scores hit@N = 0, not 1). NaN
 distances count as +inf. hit@N = [rank < N]; ndcg@N = [rank < N] / log2(rank + 2).
 
-Also here: the comparison table in the layout of the paper's Table 2 (``comparison_rows``) and
-the hit@N plot (``plot_hit_curves``, needs matplotlib).
+The comparison table, the plot and the JSON of ``masr evaluate`` are ``masr.report``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from masr.config import PROTOCOLS, SPLITS
 from masr.errors import MasrError
 
 if TYPE_CHECKING:
@@ -34,8 +32,6 @@ if TYPE_CHECKING:
     from masr.sampling import TrainingIndex
 
 CUTOFFS = tuple(range(1, 11))
-PROTOCOLS = ("sampled", "full")
-SPLITS = ("test", "valid")
 #: a batch holds at most this many (row, candidate, member) triples (bounds evaluation memory)
 _BUDGET = 1 << 22
 
@@ -224,148 +220,3 @@ def subsample_cases(cases: Cases, n: int, seed: int = 0) -> Cases:
 def _devices(model: Recommender):
     for t in list(model.parameters()) + list(model.buffers()):
         yield t.device
-
-
-# --- the comparison table (paper's Table 2 layout) -------------------------------------------
-
-#: the paper's baselines (a)-(h) in its order, then the other baselines masr ships
-PAPER_BASELINES = (
-    ("mfbpr", "MF-BPR"),
-    ("cml", "CML"),
-    ("neumf", "NeuMF++"),
-    ("fism", "FISM"),
-    ("cmn", "CMN++"),
-    ("prme", "PRME"),
-    ("transrec", "TransRec"),
-    ("caser", "Caser"),
-)
-#: the paper's baselines masr does not implement yet: listed as "not yet run"
-NOT_YET_RUN = ("neumf", "cmn", "prme", "transrec", "caser")
-EXTRA_BASELINES = (
-    ("pop", "Popularity"),
-    ("itemknn", "item-kNN"),
-    ("ease", "EASE"),
-    ("als", "ALS"),
-)
-OURS = (
-    ("mdr", "MDR"),
-    ("mass", "MASS"),
-    ("masr", "MASR"),
-    ("amdr", "AMDR"),
-    ("amass", "AMASS"),
-    ("amasr", "AMASR"),
-)
-IMPROVED = ("masr", "amasr")
-#: the table's four columns: (protocol, metric)
-COLUMNS = (("sampled", "hit@10"), ("sampled", "ndcg@10"), ("full", "hit@10"), ("full", "ndcg@10"))
-
-
-@dataclass
-class TableRow:
-    """One line of the comparison table. ``values`` is None for a model not yet run."""
-
-    group: str  # "baseline", "ours" or "improvement"
-    run: str  # run name ("" for rows without one)
-    label: str  # what the paper calls it
-    values: list[float | None] | None  # one per COLUMNS entry
-    note: str = ""
-
-
-def run_order(names: Sequence[str]) -> list[str]:
-    """Run names in table order: paper baselines, other baselines, unknown names, ours."""
-    known = [n for n, _ in PAPER_BASELINES + EXTRA_BASELINES]
-    ours = [n for n, _ in OURS]
-    rank = {n: i for i, n in enumerate(known)}
-    first = sorted((n for n in names if n in rank), key=rank.__getitem__)
-    middle = sorted(n for n in names if n not in rank and n not in ours)
-    last = [n for n in ours if n in names]
-    return first + middle + last
-
-
-def comparison_rows(results: dict[str, dict[str, dict[str, float]]]) -> list[TableRow]:
-    """The rows of the paper's Table 2 for ``results`` ({run: {protocol: metrics}}): baselines
-    (the unimplemented paper baselines as "not yet run"), our models, then the relative
-    improvement (%) of MASR and AMASR over the best baseline in each column."""
-    labels = dict(PAPER_BASELINES + EXTRA_BASELINES + OURS)
-    ours = {n for n, _ in OURS}
-
-    def values(run: str) -> list[float | None]:
-        res = results[run]
-        return [res.get(p, {}).get(m) for p, m in COLUMNS]
-
-    rows: list[TableRow] = []
-    for run in run_order([*results, *NOT_YET_RUN]):
-        if run in ours:
-            continue
-        if run in results:
-            rows.append(TableRow("baseline", run, labels.get(run, run), values(run)))
-        else:
-            rows.append(TableRow("baseline", run, labels[run], None, "not yet run"))
-    for run, label in OURS:
-        if run in results:
-            rows.append(TableRow("ours", run, label, values(run)))
-    baselines = [r for r in rows if r.group == "baseline" and r.values is not None]
-    if baselines:
-        best: list[float | None] = []
-        for col in range(len(COLUMNS)):
-            present = [r.values[col] for r in baselines if r.values[col] is not None]  # type: ignore[index]
-            best.append(max(present) if present else None)
-        for run in IMPROVED:
-            if run not in results:
-                continue
-            mine = values(run)
-            imp = [
-                100.0 * (m - b) / b if m is not None and b is not None and b > 0 else None
-                for m, b in zip(mine, best, strict=True)
-            ]
-            rows.append(TableRow("improvement", run, labels[run], imp, "vs best baseline"))
-    return rows
-
-
-def plot_hit_curves(
-    results: dict[str, dict[str, dict[str, float]]], path: str | Path, *, title: str = ""
-) -> Path:
-    """A PNG of hit@N against N (1..10), one line per run, one panel per protocol."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MasrError(
-            "--plot needs matplotlib; install it with `pip install 'masr[plot]'`"
-        ) from None
-    from masr.atomic import atomic_path
-
-    path = Path(path)
-    protocols = [p for p in PROTOCOLS if any(p in r for r in results.values())]
-    fig, axes = plt.subplots(1, max(1, len(protocols)), figsize=(5 * max(1, len(protocols)), 4))
-    axes = np.atleast_1d(axes)
-    for ax, protocol in zip(axes, protocols, strict=False):
-        for run in run_order(list(results)):
-            metrics = results[run].get(protocol)
-            if metrics:
-                ax.plot(CUTOFFS, [metrics[f"hit@{n}"] for n in CUTOFFS], marker="o", label=run)
-        ax.set_title(f"{protocol} ranking" + (f" ({title})" if title else ""))
-        ax.set_xlabel("N")
-        ax.set_ylabel("hit@N")
-        ax.set_xticks(CUTOFFS)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=120)
-    except OSError as exc:
-        raise MasrError(f"--plot {path}: cannot write ({exc.strerror})") from None
-    finally:
-        plt.close(fig)
-    return path
-
-
-def to_jsonable(results: dict[str, Any]) -> dict[str, Any]:
-    """Round floats for the JSON output (6 decimals keeps every reported digit)."""
-    return {
-        run: {p: {k: round(float(v), 6) for k, v in m.items()} for p, m in res.items()}
-        for run, res in results.items()
-    }

@@ -39,13 +39,12 @@ from torch import Tensor, nn
 
 from masr.adversarial import fast_gradient_deltas, noise_scales, perturbed
 from masr.checkpoint import save_checkpoint
+from masr.config import AdversarialConfig, TrainConfig
 from masr.dataset import PreparedData
 from masr.errors import MasrError
 from masr.evaluate import better, evaluate_model
 from masr.models.base import Batch, Recommender
-from masr.runs import AdversarialConfig, TrainConfig
 from masr.sampling import TrainingIndex, sample_negatives, training_batch
-from masr.seed import set_seed
 
 __all__ = [
     "AdversarialConfig",
@@ -243,9 +242,6 @@ def train_model(
     ``run_dir`` receives ``best.pt`` (the best validation epoch) and ``last.pt`` (every epoch,
     with optimiser and RNG state); ``resume`` is a loaded ``last.pt`` to continue from;
     ``extras`` is stored in both checkpoints. The model ends holding its best weights."""
-    config.validate()
-    if adversarial is not None:
-        adversarial.validate()
     if not model.trainable:
         raise MasrError(f"--model {model.name}: not trained by gradient descent (it has fit())")
     device = torch.device(device)
@@ -253,9 +249,8 @@ def train_model(
     extras = dict(extras or {})
     run_dir = Path(run_dir) if run_dir is not None else None
 
-    # CPU kernels used here are deterministic already; use_deterministic_algorithms would only
-    # slow CUDA down (and costs seconds of imports), so it stays off.
-    set_seed(config.seed, deterministic=False)
+    # Global RNGs (dropout) are the caller's: a run is seeded once, before its model is built
+    # (masr.seed.set_seed in masr.runs.make); the sampling generator is seeded here.
     generator = torch.Generator(device=device)
     generator.manual_seed(config.seed)
     index = TrainingIndex.from_data(data, device)

@@ -42,9 +42,13 @@ def parse_settings(names: list[str], items: list[str]) -> dict[str, object]:
     from dataclasses import MISSING, fields
 
     known: dict[str, object] = {}
+    owned: dict[str, tuple[str, str]] = {}  # field -> (owning option, model)
     for name in names:
-        for f in fields(model_class(name).config_class):
-            if f.name not in known:
+        config_class = model_class(name).config_class
+        for field_name, option in config_class.owned_fields.items():
+            owned.setdefault(field_name, (option, name))
+        for f in fields(config_class):
+            if f.name not in known and f.name not in config_class.owned_fields:
                 known[f.name] = f.default if f.default is not MISSING else None
                 known[f.name + ":type"] = str(f.type)
     settable = sorted(k for k in known if ":" not in k)
@@ -52,6 +56,11 @@ def parse_settings(names: list[str], items: list[str]) -> dict[str, object]:
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
+        if key in owned and owned[key][0] and key not in settable:
+            option, model = owned[key]
+            raise MasrError(
+                f"--set {item}: {model}'s {key} has its own option; use {option} {text.strip()}"
+            )
         if not sep or key not in settable:
             raise MasrError(
                 f"--set {item}: expected NAME=VALUE with NAME one of "

@@ -39,6 +39,10 @@ class Batch:
 class ModelConfig:
     """Base of every model's typed config; saved in checkpoints and ONNX metadata."""
 
+    #: fields that ``masr train --set`` must not change: field -> the dedicated option that owns
+    #: it (e.g. the fusions' ``alpha`` -> ``--alpha``), or "" for a field set by masr itself
+    owned_fields: ClassVar[dict[str, str]] = {}
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

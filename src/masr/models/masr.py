@@ -25,22 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor
 
+from masr.config import ALPHA, check_alpha
 from masr.errors import MasrError
 from masr.models.base import Batch, ModelConfig, Recommender
 from masr.models.mass import MASS, MASSConfig
 from masr.models.mdr import MDR, MDRConfig
-
-
-def _check_alpha(alpha: float) -> float:
-    if not 0.0 <= float(alpha) <= 1.0:
-        raise MasrError(
-            f"--alpha: {alpha} is outside [0, 1] (eq. 20 weights MDR by α, MASS by 1-α)"
-        )
-    return float(alpha)
 
 
 def _part_names(parts: Mapping[str, str] | Sequence[str] | None) -> dict[str, str]:
@@ -59,13 +52,21 @@ def _part_names(parts: Mapping[str, str] | Sequence[str] | None) -> dict[str, st
 class MASRConfig(ModelConfig):
     """MASR settings: the fusion weight and the configs (and run names) of its frozen parts."""
 
-    alpha: float = 0.5  # weight of MDR in eq. 20; MASS gets 1 - alpha
+    #: --set cannot change these: α has --alpha, the rest is written by the fusion itself
+    owned_fields: ClassVar[dict[str, str]] = {
+        "alpha": "--alpha",
+        "mdr": "",
+        "mass": "",
+        "parts": "",
+    }
+
+    alpha: float = ALPHA  # weight of MDR in eq. 20; MASS gets 1 - alpha
     mdr: dict[str, Any] = field(default_factory=lambda: MDRConfig().to_dict())
     mass: dict[str, Any] = field(default_factory=lambda: MASSConfig().to_dict())
     parts: dict[str, str] = field(default_factory=lambda: {"mdr": "mdr", "mass": "mass"})
 
     def __post_init__(self) -> None:
-        self.alpha = _check_alpha(self.alpha)
+        self.alpha = check_alpha(self.alpha)
 
 
 class MASR(Recommender):
@@ -88,7 +89,7 @@ class MASR(Recommender):
         cls,
         mdr: MDR,
         mass: MASS,
-        alpha: float = 0.5,
+        alpha: float = ALPHA,
         parts: Mapping[str, str] | Sequence[str] | None = None,
     ) -> MASR:
         """Fuse trained parts (their tensors are copied; the parts must share the data sizes).

@@ -1,0 +1,218 @@
+"""The typed settings every part of masr reads: one default and one check per setting.
+
+Torch-free (the CLI builds its options, defaults and choices from this module before any heavy
+import). Checkpoints and ``run.json`` store these dataclasses as plain dicts (``to_dict``) and
+rebuild them with ``from_dict``; a config is checked when it is made, so an invalid one never
+exists and no caller has to remember to validate it. Check messages name the CLI option.
+
+* ``TrainConfig``: one gradient-training phase (BPR of eq. 21);
+* ``AdversarialConfig``: what APR (eqs. 22-24) adds on top;
+* ``RunOptions``: everything ``masr train`` decides for the runs of a plan, with the merge
+  that ``--resume`` uses;
+* ``ALPHA`` / ``check_alpha``: the fusion weight of eq. 20, for training, the models and export;
+* ``EXPORT_CHUNK``: catalog songs per step of the exported graph's MASS loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, TypeVar
+
+from masr.errors import MasrError
+
+#: choices of the settings below (the CLI derives its enums from these tuples)
+NEG_MODES = ("hardest", "pairs")  # BPR against the closest negative, or against each of them
+NOISE_MODES = ("flexible", "fixed")  # APR noise norm: eps * std(parameter), or eps
+ENTITIES = ("user", "playlist")  # whose vector ID-only baselines (mfbpr, cml, als) learn
+DEVICES = ("auto", "cpu", "cuda")
+SPLITS = ("test", "valid")  # held-out splits of a prepared dataset
+PROTOCOLS = ("sampled", "full")  # evaluation protocols
+
+#: eq. 20's weight of MDR in the MASR / AMASR fusion (MASS gets 1 - ALPHA): the paper's 0.5
+ALPHA = 0.5
+#: catalog songs per step of the exported graph's MASS loop: cache-sized, the fastest measured
+#: on CPU (exported/README.md); a GPU wants at least the catalog size
+EXPORT_CHUNK = 256
+
+
+def check_alpha(alpha: float) -> float:
+    """``alpha`` as a float in [0, 1], else the one error line every user of α raises."""
+    if not 0.0 <= float(alpha) <= 1.0:
+        raise MasrError(
+            f"--alpha: {alpha} is outside [0, 1] (eq. 20 weights MDR by α, MASS by 1-α)"
+        )
+    return float(alpha)
+
+
+def _raise_first(checks: Iterable[tuple[str, bool, str]]) -> None:
+    for option, ok, problem in checks:
+        if not ok:
+            raise MasrError(f"{option} {problem}")
+
+
+def _list(choices: tuple[str, ...]) -> str:
+    return ", ".join(choices)
+
+
+def _finite(x: float) -> bool:
+    return math.isfinite(x)
+
+
+C = TypeVar("C")
+
+
+def _from_dict(cls: type[C], values: dict[str, Any]) -> C:
+    """``cls(**values)`` keeping only ``cls``'s fields (older or newer files load too)."""
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+@dataclass
+class TrainConfig:
+    """One gradient-training phase (BPR; APR adds an ``AdversarialConfig``).
+
+    Defaults: the paper's (d 64, lr 1e-3, 4 negatives) except where a search on the validation
+    split chose better; see docs/training.md."""
+
+    epochs: int = 50  # passes over the training rows
+    batch_size: int = 1024  # training rows per step (paper: 256; docs/training.md)
+    lr: float = 1e-3  # Adam learning rate
+    reg: float = 0.0  # lambda_Theta of eq. 21 per batch of summed losses (touched params)
+    neg: int = 4  # uniform negatives per positive
+    neg_mode: str = "hardest"  # "hardest": BPR against the closest negative; "pairs": all pairs
+    max_members: int = 50  # MASS member list cap (uniform sample when longer)
+    patience: int = 5  # stop after this many epochs without a better validation; 0 = never
+    #: stop after the first epoch that ends past this many seconds of training and validation
+    #: (a fixed budget per run, e.g. for equal-budget comparisons); 0 = no limit
+    time_limit: float = 0.0
+    seed: int = 0
+    sparse: bool = True  # row-sparse gradients + lazy Adam for embedding tables
+    #: member-reading models: rows of this many consecutive batches are sorted by playlist
+    #: length before batching (then the batches are shuffled), so a batch pads its member
+    #: lists to a similar length instead of to the longest playlist; 0 or 1 = plain shuffle
+    sort_window: int = 50
+
+    def __post_init__(self) -> None:
+        _raise_first(
+            [
+                ("--epochs", self.epochs >= 1, "must be >= 1"),
+                ("--batch-size", self.batch_size >= 1, "must be >= 1"),
+                ("--lr", self.lr > 0 and _finite(self.lr), "must be a positive number"),
+                ("--reg", self.reg >= 0 and _finite(self.reg), "must be >= 0"),
+                ("--neg", self.neg >= 1, "must be >= 1"),
+                ("--neg-mode", self.neg_mode in NEG_MODES, f"must be one of {_list(NEG_MODES)}"),
+                ("--max-members", self.max_members >= 1, "must be >= 1"),
+                ("--patience", self.patience >= 0, "must be >= 0 (0 turns early stopping off)"),
+                ("--time-limit", self.time_limit >= 0, "must be >= 0 seconds (0 = no limit)"),
+                ("sort_window", self.sort_window >= 0, "must be >= 0"),
+            ]
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        return _from_dict(cls, values)
+
+
+@dataclass
+class AdversarialConfig:
+    """APR (eqs. 22-24): |delta| = eps * std(param) ("flexible") or eps ("fixed")."""
+
+    epochs: int = 50  # APR epochs after the BPR pre-training (--adv-epochs)
+    eps: float = 1.0  # epsilon of eqs. 23-24
+    reg_adv: float = 1.0  # lambda_delta of eq. 23
+    noise: str = "flexible"  # "flexible" (the paper's) or "fixed"
+
+    def __post_init__(self) -> None:
+        _raise_first(
+            [
+                ("--adv-epochs", self.epochs >= 1, "must be >= 1"),
+                ("--eps", self.eps >= 0 and _finite(self.eps), "must be >= 0"),
+                ("--reg-adv", self.reg_adv >= 0 and _finite(self.reg_adv), "must be >= 0"),
+                ("--noise", self.noise in NOISE_MODES, f"must be one of {_list(NOISE_MODES)}"),
+            ]
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> AdversarialConfig:
+        return _from_dict(cls, values)
+
+
+#: ``masr train`` option (its Python parameter name) -> where it lives in ``RunOptions``:
+#: (section, field) with section "train", "adversarial", "model" or "" (RunOptions itself)
+OPTION_PATHS: dict[str, tuple[str, str]] = {
+    **{
+        p: ("train", p)
+        for p in (
+            "epochs", "batch_size", "lr", "reg", "neg", "neg_mode", "max_members", "patience",
+            "time_limit", "seed", "sparse",
+        )
+    },
+    "adv_epochs": ("adversarial", "epochs"),
+    "eps": ("adversarial", "eps"),
+    "reg_adv": ("adversarial", "reg_adv"),
+    "noise": ("adversarial", "noise"),
+    "dim": ("model", "dim"),
+    "entity": ("model", "entity"),
+    "alpha": ("", "alpha"),
+    "device": ("", "device"),
+}
+
+
+@dataclass
+class RunOptions:
+    """Everything ``masr train`` decides; each run takes the parts that apply to it."""
+
+    train: TrainConfig = field(default_factory=TrainConfig)
+    adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
+    #: model-config overrides (``dim``, ...), applied to every model whose config has that field
+    model: dict[str, Any] = field(default_factory=dict)
+    alpha: float = ALPHA  # eq. 20's weight of MDR in the fusion
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.alpha = check_alpha(self.alpha)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RunOptions:
+        return cls(
+            train=TrainConfig.from_dict(values.get("train", {})),
+            adversarial=AdversarialConfig.from_dict(values.get("adversarial", {})),
+            model=dict(values.get("model", {})),
+            alpha=float(values.get("alpha", ALPHA)),
+            device=str(values.get("device", "auto")),
+        )
+
+    def merged(self, saved: RunOptions, explicit: set[str]) -> RunOptions:
+        """These options with every ``OPTION_PATHS`` value not named in ``explicit`` (the
+        options given on the command line) taken from ``saved`` (``--resume``: an interrupted
+        run continues with the options it was started with)."""
+        sections: dict[str, dict[str, Any]] = {"train": {}, "adversarial": {}, "": {}}
+        model = dict(self.model)
+        for param, (section, name) in OPTION_PATHS.items():
+            if param in explicit:
+                continue
+            if section == "model":
+                if name in saved.model:
+                    model[name] = saved.model[name]
+            elif section:
+                sections[section][name] = getattr(getattr(saved, section), name)
+            else:
+                sections[""][name] = getattr(saved, name)
+        return replace(
+            self,
+            train=replace(self.train, **sections["train"]),
+            adversarial=replace(self.adversarial, **sections["adversarial"]),
+            model=model,
+            **sections[""],
+        )

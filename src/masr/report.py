@@ -1,0 +1,205 @@
+"""Reports over trained runs: evaluating a runs directory, the paper's Table 2 rows, the hit@N
+plot and the JSON of ``masr evaluate``.
+
+The metrics and the two protocols themselves are ``masr.evaluate``; the Table 2 labels and run
+order are ``masr.runs.registry`` (shared with the store, which lists runs in that order).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from masr.config import PROTOCOLS
+from masr.errors import MasrError
+from masr.evaluate import CUTOFFS
+from masr.runs.registry import (
+    EXTRA_BASELINES,
+    IMPROVED,
+    NOT_YET_RUN,
+    OURS,
+    PAPER_BASELINES,
+    run_order,
+)
+from masr.runs.store import available_runs, load_run
+
+if TYPE_CHECKING:
+    from masr.dataset import PreparedData
+
+
+def evaluate_runs(
+    data: PreparedData,
+    runs_dir: str | Path,
+    names: Sequence[str] = ("all",),
+    *,
+    split: str = "test",
+    device: str = "auto",
+    protocols: Sequence[str] = ("sampled", "full"),
+    full_sample: int = 0,
+    sample_seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """``{run: {"sampled": metrics, "full": metrics}}`` for the named runs (``all`` = every
+    run in ``runs_dir``), in table order; ``full_sample``: see ``evaluate_model``."""
+    from masr.evaluate import evaluate_model
+    from masr.sampling import TrainingIndex
+    from masr.train import resolve_device
+
+    log = log or (lambda _msg: None)
+    runs_dir = Path(runs_dir)
+    wanted: list[str] = []
+    for n in names:
+        if n == "all":
+            found = available_runs(runs_dir)
+            if not found:
+                raise MasrError(
+                    f"{runs_dir}: no trained runs; run `masr train --model amasr --runs {runs_dir}`"
+                )
+            wanted += [r for r in found if r not in wanted]
+        elif n not in wanted:
+            wanted.append(n)
+    dev = resolve_device(device)
+    index = TrainingIndex.from_data(data, dev)
+    results = {}
+    for run in run_order(wanted):
+        model, _ = load_run(runs_dir, run, data, dev)
+        t0 = time.perf_counter()
+        results[run] = evaluate_model(
+            model,
+            data,
+            split,
+            protocols=protocols,
+            index=index,
+            full_sample=full_sample,
+            sample_seed=sample_seed,
+        )
+        log(f"{run}: evaluated on {split} in {time.perf_counter() - t0:.1f} s")
+    return results
+
+
+
+# --- the comparison table (paper's Table 2 layout) -------------------------------------------
+
+#: the table's four columns: (protocol, metric)
+COLUMNS = (("sampled", "hit@10"), ("sampled", "ndcg@10"), ("full", "hit@10"), ("full", "ndcg@10"))
+
+
+@dataclass
+class TableRow:
+    """One line of the comparison table. ``values`` is None for a model not yet run."""
+
+    group: str  # "baseline", "ours" or "improvement"
+    run: str  # run name ("" for rows without one)
+    label: str  # what the paper calls it
+    values: list[float | None] | None  # one per COLUMNS entry
+    note: str = ""
+
+
+def comparison_rows(results: dict[str, dict[str, dict[str, float]]]) -> list[TableRow]:
+    """The rows of the paper's Table 2 for ``results`` ({run: {protocol: metrics}}): baselines
+    (the unimplemented paper baselines as "not yet run"), our models, then the relative
+    improvement (%) of MASR and AMASR over the best baseline in each column."""
+    labels = dict(PAPER_BASELINES + EXTRA_BASELINES + OURS)
+    ours = {n for n, _ in OURS}
+
+    def values(run: str) -> list[float | None]:
+        res = results[run]
+        return [res.get(p, {}).get(m) for p, m in COLUMNS]
+
+    rows: list[TableRow] = []
+    for run in run_order([*results, *NOT_YET_RUN]):
+        if run in ours:
+            continue
+        if run in results:
+            rows.append(TableRow("baseline", run, labels.get(run, run), values(run)))
+        else:
+            rows.append(TableRow("baseline", run, labels[run], None, "not yet run"))
+    for run, label in OURS:
+        if run in results:
+            rows.append(TableRow("ours", run, label, values(run)))
+    baselines = [r for r in rows if r.group == "baseline" and r.values is not None]
+    if baselines:
+        best: list[float | None] = []
+        for col in range(len(COLUMNS)):
+            present = [r.values[col] for r in baselines if r.values[col] is not None]  # type: ignore[index]
+            best.append(max(present) if present else None)
+        for run in IMPROVED:
+            if run not in results:
+                continue
+            mine = values(run)
+            imp = [
+                100.0 * (m - b) / b if m is not None and b is not None and b > 0 else None
+                for m, b in zip(mine, best, strict=True)
+            ]
+            rows.append(TableRow("improvement", run, labels[run], imp, "vs best baseline"))
+    return rows
+
+
+def plot_hit_curves(
+    results: dict[str, dict[str, dict[str, float]]], path: str | Path, *, title: str = ""
+) -> Path:
+    """A PNG of hit@N against N (1..10), one line per run, one panel per protocol."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MasrError(
+            "--plot needs matplotlib; install it with `pip install 'masr[plot]'`"
+        ) from None
+    from masr.atomic import atomic_path
+
+    path = Path(path)
+    protocols = [p for p in PROTOCOLS if any(p in r for r in results.values())]
+    fig, axes = plt.subplots(1, max(1, len(protocols)), figsize=(5 * max(1, len(protocols)), 4))
+    axes = np.atleast_1d(axes)
+    for ax, protocol in zip(axes, protocols, strict=False):
+        for run in run_order(list(results)):
+            metrics = results[run].get(protocol)
+            if metrics:
+                ax.plot(CUTOFFS, [metrics[f"hit@{n}"] for n in CUTOFFS], marker="o", label=run)
+        ax.set_title(f"{protocol} ranking" + (f" ({title})" if title else ""))
+        ax.set_xlabel("N")
+        ax.set_ylabel("hit@N")
+        ax.set_xticks(CUTOFFS)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=120)
+    except OSError as exc:
+        raise MasrError(f"--plot {path}: cannot write ({exc.strerror})") from None
+    finally:
+        plt.close(fig)
+    return path
+
+
+def to_jsonable(results: dict[str, Any]) -> dict[str, Any]:
+    """Round floats for the JSON output (6 decimals keeps every reported digit)."""
+    return {
+        run: {p: {k: round(float(v), 6) for k, v in m.items()} for p, m in res.items()}
+        for run, res in results.items()
+    }
+
+
+def write_json(results: dict[str, Any], path: str | Path) -> Path:
+    """``to_jsonable(results)`` written aside, then renamed into ``path``."""
+    import json
+
+    from masr.atomic import atomic_file
+
+    path = Path(path)
+    try:
+        with atomic_file(path, "w") as fh:
+            json.dump(to_jsonable(results), fh, indent=2)
+            fh.write("\n")
+    except OSError as exc:
+        raise MasrError(f"--json {path}: cannot write ({exc.strerror})") from None
+    return path

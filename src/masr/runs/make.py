@@ -1,0 +1,302 @@
+"""Making runs: train, APR, fit or fuse a run and whatever its plan needs first.
+
+``train_run(name)`` makes a run and the runs it needs: ``amasr`` is mdr, mass, their fusion
+masr, then amdr (APR from mdr), amass (APR from mass) and their fusion amasr. A needed run is
+reused when it finished with the same data fingerprint and the same configuration (its
+*signature*, ``masr.runs.registry``); the run asked for is always made again (or continued,
+with ``resume``). Each run is seeded once, before its model is built (``masr.seed.set_seed``).
+
+This module imports torch only inside functions (the CLI imports the package for its options).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from masr.config import RunOptions
+from masr.errors import MasrError
+from masr.runs.registry import (
+    RunSpec,
+    differences,
+    model_config,
+    plan,
+    resumable,
+    run_spec,
+    signature,
+)
+from masr.runs.store import clear, load_run, now, read_run_json, write_run_json
+
+if TYPE_CHECKING:
+    from masr.dataset import PreparedData
+    from masr.models.base import Recommender
+    from masr.train import TrainProgress
+
+
+@dataclass
+class RunOutcome:
+    """What ``train_run`` did with one run of the plan."""
+
+    run: str
+    action: str  # "trained", "resumed", "reused", "fitted", "fused"
+    best_epoch: int
+    valid: dict[str, float]
+    seconds: float
+
+
+def train_run(
+    name: str,
+    data: PreparedData,
+    runs_dir: str | Path,
+    options: RunOptions | None = None,
+    *,
+    resume: bool = False,
+    progress: TrainProgress | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[RunOutcome]:
+    """Make run ``name`` (and the runs it needs) in ``runs_dir``; one outcome per planned run."""
+    options = options or RunOptions()  # checked when made (masr.config)
+    from masr.train import resolve_device
+
+    device = resolve_device(options.device)
+    log = log or (lambda _msg: None)
+    runs_dir = Path(runs_dir)
+    outcomes = []
+    for run in plan(name):
+        outcomes.append(
+            _make(run, run == name, data, runs_dir, options, device, resume, progress, log)
+        )
+    return outcomes
+
+
+def _make(
+    run: str,
+    target: bool,
+    data: PreparedData,
+    runs_dir: Path,
+    options: RunOptions,
+    device: Any,
+    resume: bool,
+    progress: TrainProgress | None,
+    log: Callable[[str], None],
+) -> RunOutcome:
+    spec = run_spec(run)
+    run_dir = runs_dir / run
+    sig = signature(run, options, data.fingerprint)
+    info = read_run_json(run_dir)
+    finished = (
+        info is not None and info.get("status") == "finished" and (run_dir / "best.pt").is_file()
+    )
+    if finished and info is not None and info.get("signature") == sig and not target:
+        best = info.get("best", {})
+        log(f"{run}: reusing {run_dir} (same data and configuration)")
+        return RunOutcome(run, "reused", best.get("epoch", 0), best.get("valid", {}), 0.0)
+
+    if spec.procedure == "fuse":
+        return _fuse(run, spec, data, runs_dir, options, sig, device, log)
+
+    from masr.models import model_class
+    from masr.seed import set_seed
+
+    # the one seeding of a run: initialisation, then sampling and dropout follow from it
+    # (a resumed run restores its saved RNG states instead)
+    set_seed(options.train.seed, deterministic=False)
+
+    cls = model_class(spec.model)
+    if not cls.trainable:
+        return _fit(run, spec, data, run_dir, options, sig, device, log)
+
+    from masr.checkpoint import build_model, load_checkpoint
+    from masr.train import train_model
+
+    train_cfg = options.train
+    adversarial = None
+    if spec.procedure == "apr":
+        adversarial = options.adversarial
+        train_cfg = replace(options.train, epochs=options.adversarial.epochs)
+
+    resume_state = None
+    can_resume = (
+        resume
+        and info is not None
+        and (run_dir / "last.pt").is_file()
+        and resumable(info.get("signature", {})) == resumable(sig)
+    )
+    if resume and not can_resume and info is not None and (run_dir / "last.pt").is_file():
+        changed = differences(resumable(info.get("signature", {})), resumable(sig))
+        raise MasrError(
+            f"{run_dir / 'last.pt'}: cannot --resume, made with other data or options "
+            f"({', '.join(changed[:4]) or 'unknown'}); pass the same options or drop --resume"
+        )
+    if can_resume:
+        resume_state = load_checkpoint(run_dir / "last.pt")
+        model = build_model(resume_state, device)
+        log(f"{run}: resuming {run_dir} after epoch {resume_state['epoch']}")
+    elif spec.procedure == "apr":
+        start_dir = runs_dir / (spec.start_from or "")
+        model, ckpt = load_run(runs_dir, spec.start_from or "", data, device)
+        log(f"{run}: APR from {start_dir / 'best.pt'} (epoch {ckpt.get('epoch')})")
+    else:
+        model = cls(
+            model_config(run, options.model), data.n_users, data.n_playlists, data.n_songs
+        )
+
+    if resume_state is None:
+        clear(run_dir)
+    started = time.perf_counter()
+    info = {
+        "run": run,
+        "model": spec.model,
+        "procedure": spec.procedure,
+        "status": "running",
+        "signature": sig,
+        "model_config": model.config.to_dict(),
+        "train_config": train_cfg.to_dict(),
+        "adversarial": adversarial.to_dict() if adversarial else None,
+        "start_from": spec.start_from,
+        "data": {"path": str(data.path), "fingerprint": data.fingerprint},
+        "device": str(device),
+        "options": options.to_dict(),
+        "started": now(),
+        "history": list(resume_state["history"]) if resume_state else [],
+    }
+    write_run_json(run_dir, info)
+
+    def on_epoch(record: dict[str, Any]) -> None:
+        info["history"].append(record)
+        write_run_json(run_dir, info)
+
+    result = train_model(
+        model,
+        data,
+        train_cfg,
+        device=device,
+        run_dir=run_dir,
+        adversarial=adversarial,
+        resume=resume_state,
+        progress=progress,
+        on_epoch=on_epoch,
+        extras={"run": run},
+        title=run,
+    )
+    info.update(
+        status="finished",
+        finished=now(),
+        best={"epoch": result.best_epoch, "valid": result.best_valid},
+        stopped_early=result.stopped_early,
+        stopped_by_time_limit=result.extra.get("stopped_by_time_limit", False),
+        seconds=round(result.seconds, 3),
+        wall_seconds=round(time.perf_counter() - started, 3),
+    )
+    write_run_json(run_dir, info)
+    return RunOutcome(
+        run,
+        "resumed" if resume_state else "trained",
+        result.best_epoch,
+        result.best_valid,
+        result.seconds,
+    )
+
+
+def _valid_metrics(model: Recommender, data: PreparedData, device: Any) -> dict[str, float]:
+    from masr.evaluate import evaluate_model
+
+    return evaluate_model(model, data, "valid", device=device, protocols=("sampled",))["sampled"]
+
+
+def _save_single(
+    run: str,
+    spec: RunSpec,
+    model: Recommender,
+    data: PreparedData,
+    run_dir: Path,
+    sig: dict[str, Any],
+    device: Any,
+    started: float,
+    extra_info: dict[str, Any],
+) -> RunOutcome:
+    """Validate, write best.pt and run.json for a run made in one go (fit, fuse)."""
+    from masr.checkpoint import save_checkpoint
+
+    valid = _valid_metrics(model, data, device)
+    seconds = time.perf_counter() - started
+    clear(run_dir)
+    save_checkpoint(
+        run_dir / "best.pt",
+        model,
+        data_fingerprint=data.fingerprint,
+        run=run,
+        epoch=0,
+        valid=valid,
+        best_epoch=0,
+        best_valid=valid,
+        seconds=seconds,
+        **extra_info,
+    )
+    info = {
+        "run": run,
+        "model": spec.model,
+        "procedure": spec.procedure,
+        "status": "finished",
+        "signature": sig,
+        "model_config": model.config.to_dict(),
+        "data": {"path": str(data.path), "fingerprint": data.fingerprint},
+        "device": str(device),
+        "finished": now(),
+        "history": [],
+        "best": {"epoch": 0, "valid": valid},
+        "seconds": round(seconds, 3),
+        "wall_seconds": round(seconds, 3),
+        **extra_info,
+    }
+    write_run_json(run_dir, info)
+    return RunOutcome(run, "fused" if spec.procedure == "fuse" else "fitted", 0, valid, seconds)
+
+
+def _fit(
+    run: str,
+    spec: RunSpec,
+    data: PreparedData,
+    run_dir: Path,
+    options: RunOptions,
+    sig: dict[str, Any],
+    device: Any,
+    log: Callable[[str], None],
+) -> RunOutcome:
+    from masr.models import model_class
+
+    started = time.perf_counter()
+    cls = model_class(spec.model)
+    model = cls(model_config(run, options.model), data.n_users, data.n_playlists, data.n_songs)
+    model.to(device)
+    log(f"{run}: fitting {cls.__name__} (closed form)")
+    model.fit(data, device)
+    model.eval()
+    return _save_single(
+        run, spec, model, data, run_dir, sig, device, started, {"options": options.to_dict()}
+    )
+
+
+def _fuse(
+    run: str,
+    spec: RunSpec,
+    data: PreparedData,
+    runs_dir: Path,
+    options: RunOptions,
+    sig: dict[str, Any],
+    device: Any,
+    log: Callable[[str], None],
+) -> RunOutcome:
+    from masr.models import model_class
+
+    started = time.perf_counter()
+    parts = [load_run(runs_dir, part, data, device)[0] for part in spec.parts]
+    cls = model_class(spec.model)
+    fused = cls.from_parts(*parts, alpha=options.alpha, parts=list(spec.parts))  # type: ignore[attr-defined]
+    fused.to(device).eval()
+    log(f"{run}: fusing {' + '.join(spec.parts)} with alpha {options.alpha} (eq. 20)")
+    extra = {"parts": list(spec.parts), "alpha": options.alpha, "options": options.to_dict()}
+    return _save_single(run, spec, fused, data, runs_dir / run, sig, device, started, extra)

@@ -1,0 +1,168 @@
+"""Run names: how each run is made, what it needs, what determines it, and its table label.
+
+A *run* is a trained model under ``runs/<run>/`` (``best.pt``, ``last.pt``, ``run.json``; see
+docs/design.md). ``RUNS`` maps each run name to its model class and procedure:
+
+* ``train``: gradient training (BPR, or the model's own ``loss``) from scratch; closed-form
+  models (``trainable = False``) are ``fit`` instead;
+* ``apr``: APR (eqs. 22-24) starting from the best checkpoint of the run ``start_from``
+  (trained first when missing), as the paper's Step 1;
+* ``fuse``: MASR (eq. 20) from the best checkpoints of the two ``parts`` (MDR-like, MASS-like),
+  frozen; nothing is trained.
+
+A run's *signature* is everything that determines its result; equal signatures make a finished
+run reusable. The labels and order of the paper's Table 2 live here too, so that listing runs
+(the store) never needs the report. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from masr.config import RunOptions
+from masr.errors import MasrError
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """How a run is made: its model class (registry name) and procedure."""
+
+    model: str
+    procedure: str = "train"  # "train" (BPR / fit), "apr" or "fuse"
+    start_from: str | None = None  # apr: the run whose best checkpoint it starts from
+    parts: tuple[str, ...] = ()  # fuse: (MDR-like run, MASS-like run)
+    also: tuple[str, ...] = ()  # runs made first alongside it (amasr also leaves masr)
+
+
+#: run name -> how to make it. Baselines add one line each, e.g. ``"pop": RunSpec("pop")``.
+RUNS: dict[str, RunSpec] = {
+    "mdr": RunSpec("mdr"),
+    "mass": RunSpec("mass"),
+    "masr": RunSpec("masr", "fuse", parts=("mdr", "mass")),
+    "amdr": RunSpec("mdr", "apr", start_from="mdr"),
+    "amass": RunSpec("mass", "apr", start_from="mass"),
+    "amasr": RunSpec("masr", "fuse", parts=("amdr", "amass"), also=("masr",)),
+    # Baselines (issue 5): closed-form ones are fit, the others trained like mdr.
+    "pop": RunSpec("pop"),
+    "itemknn": RunSpec("itemknn"),
+    "ease": RunSpec("ease"),
+    "als": RunSpec("als"),
+    "mfbpr": RunSpec("mfbpr"),
+    "cml": RunSpec("cml"),
+    "fism": RunSpec("fism"),
+}
+
+
+def run_spec(name: str) -> RunSpec:
+    if name not in RUNS:
+        raise MasrError(f"--model {name}: unknown model; choose from {', '.join(RUNS)}")
+    return RUNS[name]
+
+
+def plan(name: str) -> list[str]:
+    """The runs ``name`` needs, dependencies first; ``amasr``: mdr, mass, masr, amdr, amass,
+    amasr (the paper's Steps: BPR models, their fusion, APR from them, the adversarial fusion)."""
+    spec = run_spec(name)
+    needs = [*spec.also, *([spec.start_from] if spec.start_from else spec.parts)]
+    order: list[str] = []
+    for dep in needs:
+        for r in plan(dep):
+            if r not in order:
+                order.append(r)
+    return [*order, name]
+
+
+def model_config(name: str, overrides: dict[str, Any]) -> Any:
+    """The typed config of run ``name``'s model with the overrides its config has fields for."""
+    from masr.models import model_class
+
+    cls = model_class(run_spec(name).model)
+    names = {f.name for f in fields(cls.config_class)}
+    return cls.config_class(**{k: v for k, v in overrides.items() if k in names and v is not None})
+
+
+def signature(name: str, options: RunOptions, fingerprint: str) -> dict[str, Any]:
+    """Everything that determines run ``name``'s result: equal signatures -> reusable run."""
+    spec = run_spec(name)
+    sig: dict[str, Any] = {"run": name, "model": spec.model, "procedure": spec.procedure}
+    sig["data"] = fingerprint
+    if spec.procedure == "fuse":
+        sig["alpha"] = options.alpha
+        sig["parts"] = [signature(p, options, fingerprint) for p in spec.parts]
+        return sig
+    sig["model_config"] = model_config(name, options.model).to_dict()
+    sig["train"] = options.train.to_dict()
+    if spec.procedure == "apr":
+        sig["adversarial"] = options.adversarial.to_dict()
+        sig["start"] = signature(spec.start_from or "", options, fingerprint)
+    return sig
+
+
+def resumable(sig: dict[str, Any]) -> dict[str, Any]:
+    """A signature without what --resume may change (epochs, patience, time limit)."""
+    out = json.loads(json.dumps(sig))
+    for key in ("train",):
+        if key in out:
+            out[key].pop("epochs", None)
+            out[key].pop("patience", None)
+            out[key].pop("time_limit", None)
+    if "adversarial" in out:
+        out["adversarial"].pop("epochs", None)
+    return out
+
+
+def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two signatures (``old -> new``)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            out += differences(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    return [] if old == new else [f"{prefix[:-1]} {old} -> {new}"]
+
+
+
+# --- the paper's Table 2: labels and order ----------------------------------------------
+
+#: the paper's baselines (a)-(h) in its order, then the other baselines masr ships
+PAPER_BASELINES = (
+    ("mfbpr", "MF-BPR"),
+    ("cml", "CML"),
+    ("neumf", "NeuMF++"),
+    ("fism", "FISM"),
+    ("cmn", "CMN++"),
+    ("prme", "PRME"),
+    ("transrec", "TransRec"),
+    ("caser", "Caser"),
+)
+#: the paper's baselines masr does not implement yet: listed as "not yet run"
+NOT_YET_RUN = ("neumf", "cmn", "prme", "transrec", "caser")
+EXTRA_BASELINES = (
+    ("pop", "Popularity"),
+    ("itemknn", "item-kNN"),
+    ("ease", "EASE"),
+    ("als", "ALS"),
+)
+OURS = (
+    ("mdr", "MDR"),
+    ("mass", "MASS"),
+    ("masr", "MASR"),
+    ("amdr", "AMDR"),
+    ("amass", "AMASS"),
+    ("amasr", "AMASR"),
+)
+IMPROVED = ("masr", "amasr")
+
+
+def run_order(names: Sequence[str]) -> list[str]:
+    """Run names in table order: paper baselines, other baselines, unknown names, ours."""
+    known = [n for n, _ in PAPER_BASELINES + EXTRA_BASELINES]
+    ours = [n for n, _ in OURS]
+    rank = {n: i for i, n in enumerate(known)}
+    first = sorted((n for n in names if n in rank), key=rank.__getitem__)
+    middle = sorted(n for n in names if n not in rank and n not in ours)
+    last = [n for n in ours if n in names]
+    return first + middle + last

@@ -1,0 +1,40 @@
+"""`--help` reads well at a standard 80-column terminal: prose paragraphs are wrapped by Rich
+(no ragged half-lines from hard-wrapped docstrings) and example lines are never broken."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from masr_cli.main import app
+
+runner = CliRunner()
+COMMANDS = ("prep", "synth", "train", "evaluate", "export", "score")
+
+
+def _description(command: str) -> list[list[str]]:
+    """The paragraphs (lists of rendered lines) between the usage line and the first panel."""
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "80", "TERM": "dumb"})
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if "Usage:" in line) + 1
+    stop = next(i for i, line in enumerate(lines) if line.lstrip().startswith("╭"))
+    paragraphs: list[list[str]] = [[]]
+    for line in lines[start:stop]:
+        assert len(line) <= 80, line
+        if line.strip():
+            paragraphs[-1].append(line.rstrip())
+        elif paragraphs[-1]:
+            paragraphs.append([])
+    return [p for p in paragraphs if p]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_wraps_at_80_columns(command: str) -> None:
+    paragraphs = _description(command)
+    assert paragraphs, f"masr {command} --help has no description"
+    for para in paragraphs:
+        if para[0].startswith("   "):  # an example block: one command per line, never broken
+            assert all(line.startswith("   ") for line in para), para
+        else:  # prose: every line but the last is filled by the wrapper
+            assert all(len(line) >= 55 for line in para[:-1]), para
