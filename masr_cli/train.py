@@ -18,10 +18,15 @@ from rich.table import Table
 
 from masr.config import (
     ALPHA,
+    DEFAULT_RECIPE,
     ENTITIES,
+    LOSSES,
     NEG_MODES,
+    NEG_SAMPLERS,
     NOISE_MODES,
     OPTION_PATHS,
+    RECIPES,
+    SELECTIONS,
     AdversarialConfig,
     RunOptions,
     TrainConfig,
@@ -38,6 +43,10 @@ ModelName = choices("ModelName", tuple(RUNS))
 NegMode = choices("NegMode", NEG_MODES)
 Noise = choices("Noise", NOISE_MODES)
 Entity = choices("Entity", ENTITIES)
+Loss = choices("Loss", LOSSES)
+NegSampler = choices("NegSampler", NEG_SAMPLERS)
+Select = choices("Select", SELECTIONS)
+Recipe = choices("Recipe", tuple(RECIPES))
 
 
 def command(
@@ -81,7 +90,51 @@ def command(
             "(on the parameters each step touches)."
         ),
     ] = _T.reg,
-    neg: Annotated[int, typer.Option(help="Uniform negative songs per positive.")] = _T.neg,
+    recipe: Annotated[
+        Recipe,
+        typer.Option(
+            help="Defaults for the options below that are not given: paper = the paper's "
+            "recipe (BPR of eq. 21 against the closest of 4 uniform negatives, epochs chosen "
+            "by the sampled protocol); fullrank = sampled softmax over 1024 shared negatives, "
+            "epochs chosen by full-ranking validation (docs/training.md).",
+        ),
+    ] = Recipe(DEFAULT_RECIPE),
+    loss: Annotated[
+        Loss,
+        typer.Option(
+            help="bpr: eq. 21 (CML: its hinge). softmax: cross-entropy of the positive against "
+            "--neg negatives shared by the batch, logits = -distance / --temperature, "
+            "logQ-corrected, the playlist's own songs masked.",
+        ),
+    ] = Loss(_T.loss),
+    neg: Annotated[
+        int,
+        typer.Option(help="Negatives per positive (bpr), or shared by the batch (softmax)."),
+    ] = _T.neg,
+    neg_sampler: Annotated[
+        NegSampler,
+        typer.Option(
+            help="How negatives are drawn: uniform over the catalog, popularity (proportional "
+            "to training occurrences), or mixed (half of each)."
+        ),
+    ] = NegSampler(_T.neg_sampler),
+    temperature: Annotated[
+        float, typer.Option(help="softmax: logits = -distance / temperature.")
+    ] = _T.temperature,
+    select: Annotated[
+        Select,
+        typer.Option(
+            help="Validation protocol that picks the best epoch and that --patience watches: "
+            "sampled (the paper's 100 negatives) or full (whole-catalog ranking)."
+        ),
+    ] = Select(_T.select),
+    valid_sample: Annotated[
+        int,
+        typer.Option(
+            help="Validation cases ranked against the whole catalog each epoch (a seeded "
+            "subset, the same every epoch); 0 = all."
+        ),
+    ] = _T.valid_sample,
     neg_mode: Annotated[
         NegMode,
         typer.Option(
@@ -187,8 +240,13 @@ def command(
             batch_size=batch_size,
             lr=lr,
             reg=reg,
+            loss=loss.value,
             neg=neg,
             neg_mode=neg_mode.value,
+            neg_sampler=neg_sampler.value,
+            temperature=temperature,
+            select=select.value,
+            valid_sample=valid_sample,
             max_members=max_members,
             patience=patience,
             time_limit=time_limit,
@@ -210,10 +268,12 @@ def command(
         from masr.runs import plan, run_spec
 
         options.model.update(parse_settings([run_spec(r).model for r in plan(name)], set_))
+    explicit = {p for p in OPTION_PATHS if _given(ctx, p)}
+    options = options.with_recipe(recipe.value, explicit)
     if resume:
         saved = saved_options(runs, name)
         if saved is not None:
-            options = options.merged(saved, {p for p in OPTION_PATHS if _given(ctx, p)})
+            options = options.merged(saved, explicit)
     if threads < 0:
         raise MasrError("--threads must be >= 0 (0 = PyTorch's default)")
     prepared = load_prepared(data)
@@ -231,16 +291,21 @@ def command(
             progress=progress,
             log=lambda msg: console.print(f"[dim]{msg}[/dim]"),
         )
-    table = Table(title=f"masr train --model {name}: validation (sampled protocol)")
-    for col in ("run", "action", "best epoch", "hit@10", "ndcg@10", "seconds"):
+    table = Table(
+        title=f"masr train --model {name} (recipe {options.recipe}): validation, best epoch by "
+        f"{options.train.select} ranking"
+    )
+    columns = ("run", "action", "best epoch", "sampled hit@10", "sampled ndcg@10", "full hit@10",
+               "full ndcg@10", "seconds")
+    for col in columns:
         table.add_column(col, justify="left" if col in ("run", "action") else "right")
     for o in outcomes:
         table.add_row(
             o.run,
             o.action,
             str(o.best_epoch),
-            f"{o.valid.get('hit@10', float('nan')):.4f}",
-            f"{o.valid.get('ndcg@10', float('nan')):.4f}",
+            *(f"{m.get(k, float('nan')):.4f}" for m in (o.valid, o.valid_full)
+              for k in ("hit@10", "ndcg@10")),
             f"{o.seconds:.1f}",
         )
     console.print(table)
@@ -294,9 +359,11 @@ class RichProgress:
     def epoch(self, record: dict[str, Any]) -> None:
         valid = record["valid"]
         star = " [green]best[/green]" if record.get("best") else ""
+        full = record.get("valid_full", {})
+        full_text = f" | full hit@10 {full['hit@10']:.4f}" if full else ""
         console.print(
             f"{self._title} epoch {record['epoch']}/{self._total}  loss {record['loss']:.4f}  "
-            f"valid hit@10 {valid['hit@10']:.4f} ndcg@10 {valid['ndcg@10']:.4f}  "
+            f"valid hit@10 {valid['hit@10']:.4f} ndcg@10 {valid['ndcg@10']:.4f}{full_text}  "
             f"({record['train_seconds'] + record['valid_seconds']:.1f} s){star}"
         )
         self._bars.update(

@@ -24,6 +24,9 @@ from masr.errors import MasrError
 
 #: choices of the settings below (the CLI derives its enums from these tuples)
 NEG_MODES = ("hardest", "pairs")  # BPR against the closest negative, or against each of them
+LOSSES = ("bpr", "softmax")  # eq. 21 (CML: its hinge), or sampled softmax over shared negatives
+NEG_SAMPLERS = ("uniform", "popularity", "mixed")  # how negatives are drawn from the catalog
+SELECTIONS = ("sampled", "full")  # the validation protocol that picks the best epoch
 NOISE_MODES = ("flexible", "fixed")  # APR noise norm: eps * std(parameter), or eps
 ENTITIES = ("user", "playlist")  # whose vector ID-only baselines (mfbpr, cml, als) learn
 DEVICES = ("auto", "cpu", "cuda")
@@ -80,8 +83,20 @@ class TrainConfig:
     batch_size: int = 1024  # training rows per step (paper: 256; docs/training.md)
     lr: float = 1e-3  # Adam learning rate
     reg: float = 0.0  # lambda_Theta of eq. 21 per batch of summed losses (touched params)
-    neg: int = 4  # uniform negatives per positive
-    neg_mode: str = "hardest"  # "hardest": BPR against the closest negative; "pairs": all pairs
+    #: "bpr": eq. 21 (the model's pairwise loss; CML's is a hinge); "softmax": cross-entropy of
+    #: the positive against it plus ``neg`` negatives shared by the batch (logQ-corrected)
+    loss: str = "bpr"
+    neg: int = 4  # negatives per positive (bpr), or shared by the batch (softmax)
+    neg_mode: str = "hardest"  # bpr: against the closest negative ("hardest") or all ("pairs")
+    #: "uniform" over the catalog, "popularity" (proportional to training occurrences) or
+    #: "mixed" (half of each)
+    neg_sampler: str = "uniform"
+    temperature: float = 1.0  # softmax: logits = -distance / temperature
+    #: the validation protocol that picks the best epoch and that --patience watches
+    select: str = "sampled"
+    #: validation cases ranked under the full protocol each epoch (a seeded subset, the same
+    #: every epoch; 0 = all); the sampled protocol always uses every case
+    valid_sample: int = 2000
     max_members: int = 50  # MASS member list cap (uniform sample when longer)
     patience: int = 5  # stop after this many epochs without a better validation; 0 = never
     #: stop after the first epoch that ends past this many seconds of training and validation
@@ -101,8 +116,21 @@ class TrainConfig:
                 ("--batch-size", self.batch_size >= 1, "must be >= 1"),
                 ("--lr", self.lr > 0 and _finite(self.lr), "must be a positive number"),
                 ("--reg", self.reg >= 0 and _finite(self.reg), "must be >= 0"),
+                ("--loss", self.loss in LOSSES, f"must be one of {_list(LOSSES)}"),
                 ("--neg", self.neg >= 1, "must be >= 1"),
                 ("--neg-mode", self.neg_mode in NEG_MODES, f"must be one of {_list(NEG_MODES)}"),
+                (
+                    "--neg-sampler",
+                    self.neg_sampler in NEG_SAMPLERS,
+                    f"must be one of {_list(NEG_SAMPLERS)}",
+                ),
+                (
+                    "--temperature",
+                    self.temperature > 0 and _finite(self.temperature),
+                    "must be a positive number",
+                ),
+                ("--select", self.select in SELECTIONS, f"must be one of {_list(SELECTIONS)}"),
+                ("--valid-sample", self.valid_sample >= 0, "must be >= 0 (0 = every case)"),
                 ("--max-members", self.max_members >= 1, "must be >= 1"),
                 ("--patience", self.patience >= 0, "must be >= 0 (0 turns early stopping off)"),
                 ("--time-limit", self.time_limit >= 0, "must be >= 0 seconds (0 = no limit)"),
@@ -151,8 +179,9 @@ OPTION_PATHS: dict[str, tuple[str, str]] = {
     **{
         p: ("train", p)
         for p in (
-            "epochs", "batch_size", "lr", "reg", "neg", "neg_mode", "max_members", "patience",
-            "time_limit", "seed", "sparse",
+            "epochs", "batch_size", "lr", "reg", "loss", "neg", "neg_mode", "neg_sampler",
+            "temperature", "select", "valid_sample", "max_members", "patience", "time_limit",
+            "seed", "sparse",
         )
     },
     "adv_epochs": ("adversarial", "epochs"),
@@ -163,7 +192,33 @@ OPTION_PATHS: dict[str, tuple[str, str]] = {
     "entity": ("model", "entity"),
     "alpha": ("", "alpha"),
     "device": ("", "device"),
+    "recipe": ("", "recipe"),
 }
+
+#: Training recipes: values that ``--recipe NAME`` gives every option not set on the command
+#: line, as {section: {field: value}} over ``RunOptions`` (sections "train", "adversarial" and
+#: "model", the last applied to every model whose config has the field).
+#: "paper": the paper's recipe (eq. 21 against the closest of 4 uniform negatives, epochs chosen
+#: by the sampled protocol) = the plain defaults of the configs above.
+#: "fullrank": trained for whole-catalog ranking, what `masr score` does: sampled softmax over
+#: negatives shared by the batch, half popularity and half uniform, logQ-corrected; epochs
+#: chosen by full-ranking validation. Values from the validation-only search in
+#: docs/training.md.
+RECIPES: dict[str, dict[str, dict[str, Any]]] = {
+    "paper": {},
+    "fullrank": {
+        "train": {
+            "loss": "softmax",
+            "neg": 1024,
+            "neg_sampler": "mixed",
+            "temperature": 0.1,
+            "select": "full",
+        },
+        "model": {"dropout": 0.0},
+    },
+}
+#: the recipe ``masr train`` uses when --recipe is not given
+DEFAULT_RECIPE = "paper"
 
 
 @dataclass
@@ -176,9 +231,37 @@ class RunOptions:
     model: dict[str, Any] = field(default_factory=dict)
     alpha: float = ALPHA  # eq. 20's weight of MDR in the fusion
     device: str = "auto"
+    recipe: str = "paper"  # the recipe the values came from (RECIPES), for the record
 
     def __post_init__(self) -> None:
         self.alpha = check_alpha(self.alpha)
+        if self.recipe not in RECIPES:
+            raise MasrError(f"--recipe must be one of {_list(tuple(RECIPES))}")
+
+    def with_recipe(self, name: str, explicit: set[str]) -> RunOptions:
+        """These options with recipe ``name``'s values for every option not in ``explicit``
+        (the ``OPTION_PATHS`` names given on the command line) and not already in ``model``
+        (``--set``)."""
+        if name not in RECIPES:
+            raise MasrError(f"--recipe must be one of {_list(tuple(RECIPES))}, not {name!r}")
+        recipe = RECIPES[name]
+        given = {OPTION_PATHS[p] for p in explicit if p in OPTION_PATHS}
+        train = {k: v for k, v in recipe.get("train", {}).items() if ("train", k) not in given}
+        adversarial = {
+            k: v for k, v in recipe.get("adversarial", {}).items()
+            if ("adversarial", k) not in given
+        }
+        model = dict(self.model)
+        for k, v in recipe.get("model", {}).items():
+            if ("model", k) not in given and model.get(k) is None:
+                model[k] = v
+        return replace(
+            self,
+            train=replace(self.train, **train),
+            adversarial=replace(self.adversarial, **adversarial),
+            model=model,
+            recipe=name,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,6 +274,7 @@ class RunOptions:
             model=dict(values.get("model", {})),
             alpha=float(values.get("alpha", ALPHA)),
             device=str(values.get("device", "auto")),
+            recipe=str(values.get("recipe", "paper")),
         )
 
     def merged(self, saved: RunOptions, explicit: set[str]) -> RunOptions:

@@ -105,6 +105,80 @@ def sample_negatives(
     return r + (below - index.indptr[playlists].unsqueeze(1))
 
 
+class NegativeSampler:
+    """Draws negative songs from the catalog: "uniform", "popularity" (proportional to each
+    song's training occurrences, the law of in-batch negatives) or "mixed" (half of the draws
+    from each). Draws are with replacement, on the index's device, from ``generator``.
+
+    ``log_expected(songs, n)`` is log E[count of each song among n draws], the logQ correction
+    of sampled softmax (Yi et al., RecSys 2019): with it, Σ_j exp(l_j - log E_j) over the draws
+    is an unbiased estimate of Σ_v exp(l_v) over the catalog."""
+
+    def __init__(self, index: TrainingIndex, mode: str):
+        if mode not in ("uniform", "popularity", "mixed"):
+            raise MasrError(f"--neg-sampler must be uniform, popularity or mixed, not {mode!r}")
+        self.index, self.mode = index, mode
+        v = index.n_songs
+        counts = torch.bincount(index.song, minlength=v).to(torch.float64)  # (V,)
+        self.popularity = (counts / counts.sum()).to(torch.float32)  # (V,)
+        self._cdf = torch.cumsum(counts / counts.sum(), 0).to(torch.float64)  # (V,)
+        self._cdf[-1] = 1.0
+
+    def _uniform(self, shape: tuple[int, ...], generator: torch.Generator | None) -> Tensor:
+        return torch.randint(
+            0, self.index.n_songs, shape, generator=generator, device=self.index.device
+        )
+
+    def _popular(self, shape: tuple[int, ...], generator: torch.Generator | None) -> Tensor:
+        u = torch.rand(shape, generator=generator, device=self.index.device, dtype=torch.float64)
+        return torch.searchsorted(self._cdf, u, right=True).clamp_(max=self.index.n_songs - 1)
+
+    def _split(self, n: int) -> tuple[int, int]:
+        """(uniform draws, popularity draws) out of n."""
+        if self.mode == "uniform":
+            return n, 0
+        if self.mode == "popularity":
+            return 0, n
+        return n // 2, n - n // 2
+
+    def draw(self, n: int, generator: torch.Generator | None = None) -> Tensor:
+        """(n,) songs shared by a batch (sampled softmax)."""
+        n_uni, n_pop = self._split(n)
+        return torch.cat([self._uniform((n_uni,), generator), self._popular((n_pop,), generator)])
+
+    def log_expected(self, songs: Tensor, n: int) -> Tensor:
+        """log of the expected number of times each of ``songs`` occurs among ``n`` draws."""
+        n_uni, n_pop = self._split(n)
+        expected = n_uni / self.index.n_songs + n_pop * self.popularity[songs]
+        return torch.log(expected)
+
+    def draw_per_row(
+        self, playlists: Tensor, n: int, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """(B, n) negatives for BPR, none of them a training song of the row's playlist:
+        uniform ones as ``sample_negatives``; popularity draws that hit the playlist are drawn
+        again (up to 3 times), then replaced by a uniform non-member."""
+        b = playlists.shape[0]
+        n_uni, n_pop = self._split(n)
+        parts = []
+        if n_uni:
+            parts.append(sample_negatives(self.index, playlists, n_uni, generator))
+        if n_pop:
+            songs = self._popular((b, n_pop), generator)
+            rows = playlists.unsqueeze(1).expand(b, n_pop)
+            for _ in range(3):
+                hit = is_training_pair(self.index, rows, songs)
+                if not bool(hit.any()):
+                    break
+                songs = torch.where(hit, self._popular((b, n_pop), generator), songs)
+            hit = is_training_pair(self.index, rows, songs)
+            if bool(hit.any()):
+                fallback = sample_negatives(self.index, playlists, n_pop, generator)
+                songs = torch.where(hit, fallback, songs)
+            parts.append(songs)
+        return torch.cat(parts, dim=1)
+
+
 def _gather_members(
     index: TrainingIndex, start: Tensor, offsets: Tensor, mask: Tensor
 ) -> tuple[Tensor, Tensor]:

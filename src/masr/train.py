@@ -9,7 +9,13 @@ device, asks ``model.distance`` for the positive and negative distances, and min
 
 averaged over the batch, against either the hardest (closest) of the ``neg`` negatives
 (``neg_mode="hardest"``, as the authors' code) or every (positive, negative) pair
-(``neg_mode="pairs"``). The L2 term lambda * ||Theta||^2 of eq. 21, taken per batch of summed
+(``neg_mode="pairs"``). ``loss="softmax"`` minimises instead the sampled-softmax cross-entropy
+of each positive against ``neg`` negatives shared by the batch (``softmax_loss``: logits
+-distance / temperature, logQ-corrected, the playlist's own songs masked), which trains for
+the whole-catalog ranking that ``masr score`` does. Negatives are drawn uniformly, by
+popularity or half of each (``neg_sampler``, ``masr.sampling.NegativeSampler``).
+
+The L2 term lambda * ||Theta||^2 of eq. 21, taken per batch of summed
 losses as the reference does, enters as the gradient 2 * lambda * Theta / batch_size of the
 parameters a step touches (Adam's coupled weight decay; for tables only the batch's rows).
 
@@ -20,8 +26,10 @@ Embedding tables are trained with row-sparse gradients and a lazy Adam (moments 
 rows outside the batch stay untouched), which keeps a step's cost proportional to the batch
 instead of to the catalog; see docs/training.md for the measurements.
 
-Every epoch ends with validation (sampled protocol, hit@10 then ndcg@10), ``best.pt`` when it
-improved and ``last.pt`` (optimiser and RNG state, for ``resume``).
+Every epoch ends with validation under both protocols (sampled on every case, full ranking on
+a seeded subset of ``valid_sample`` cases, the same every epoch); the protocol ``select`` names
+picks the best epoch (hit@10, then ndcg@10) and is what ``patience`` watches. ``best.pt`` is
+written when it improved, ``last.pt`` every epoch (optimiser and RNG state, for ``resume``).
 """
 
 from __future__ import annotations
@@ -44,7 +52,13 @@ from masr.dataset import PreparedData
 from masr.errors import MasrError
 from masr.evaluate import better, evaluate_model
 from masr.models.base import Batch, Recommender
-from masr.sampling import TrainingIndex, sample_negatives, training_batch
+from masr.sampling import (
+    NegativeSampler,
+    TrainingIndex,
+    is_training_pair,
+    sample_negatives,
+    training_batch,
+)
 
 __all__ = [
     "AdversarialConfig",
@@ -183,6 +197,59 @@ def ranking_loss(
     return F.softplus(diff).mean()  # eq. 21: -log sigmoid(o- - o+)
 
 
+def softmax_loss(
+    model: Recommender,
+    batch: Batch,
+    positives: Tensor,
+    negatives: Tensor,
+    log_expected: Tensor | None,
+    is_member: Tensor,
+    temperature: float,
+) -> Tensor:
+    """Mean sampled-softmax cross-entropy of positives (B,) against negatives (N,) shared by
+    the batch, with logits -distance / temperature.
+
+    Each negative's logit is corrected by ``log_expected`` (N,), log E[its count among the
+    draws] (logQ, Yi et al. 2019), so that the summed exp(logits) of the negatives estimates
+    the catalog's without bias; the positive's logit is left as it is. Negatives that are one
+    of the row's playlist's training songs (``is_member`` (B, N), its positive included) are
+    masked out: a song is never its own negative. With every catalog song once as a negative
+    and no correction this is the full softmax over the songs outside the playlist."""
+    o_pos = model.distance(batch, positives.unsqueeze(1))  # (B, 1)
+    o_neg = model.distance_shared(batch, negatives)  # (B, N)
+    logits_neg = -o_neg / temperature  # (B, N)
+    if log_expected is not None:
+        logits_neg = logits_neg - log_expected.unsqueeze(0)
+    logits_neg = logits_neg.masked_fill(is_member, float("-inf"))
+    logits = torch.cat([-o_pos / temperature, logits_neg], dim=1)  # (B, 1+N)
+    return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
+
+
+def _step_loss(
+    model: Recommender,
+    batch: Batch,
+    positives: Tensor,
+    index: TrainingIndex,
+    sampler: NegativeSampler,
+    config: TrainConfig,
+    generator: torch.Generator,
+) -> Callable[[], Tensor]:
+    """The loss of one step as a function of the current parameters: negatives are drawn once
+    here, so APR's second evaluation (eq. 23, at Θ + δ) sees the same ones."""
+    if config.loss == "softmax":
+        negatives = sampler.draw(config.neg, generator)  # (N,) shared by the batch
+        log_expected = sampler.log_expected(negatives, config.neg)  # (N,)
+        is_member = is_training_pair(index, batch.playlists.unsqueeze(1), negatives.unsqueeze(0))
+        return lambda: softmax_loss(
+            model, batch, positives, negatives, log_expected, is_member, config.temperature
+        )
+    if config.neg_sampler == "uniform":
+        per_row = sample_negatives(index, batch.playlists, config.neg, generator)  # (B, K)
+    else:
+        per_row = sampler.draw_per_row(batch.playlists, config.neg, generator)  # (B, K)
+    return lambda: ranking_loss(model, batch, positives, per_row, config.neg_mode)
+
+
 def _set_sparse(model: nn.Module, sparse: bool) -> dict[nn.Embedding, bool]:
     """Switch every embedding to (row-)sparse gradients; returns the previous flags."""
     before = {m: m.sparse for m in model.modules() if isinstance(m, nn.Embedding)}
@@ -264,6 +331,8 @@ def train_model(
 
     history: list[dict[str, Any]] = []
     best_epoch, best_valid, bad_epochs, first_epoch = 0, {}, 0, 1
+    best_full: dict[str, float] = {}  # full-protocol validation of the best epoch
+    best_selected: dict[str, float] = {}  # the protocol config.select names, of the best epoch
     best_state: dict[str, Tensor] | None = None
     elapsed = 0.0
     if resume is not None:
@@ -272,9 +341,12 @@ def train_model(
         _load_rng_state(resume["rng"], generator)
         history = list(resume["history"])
         best_epoch, best_valid = int(resume["best_epoch"]), dict(resume["best_valid"])
+        best_full = dict(resume.get("best_valid_full", {}))
+        best_selected = best_full if config.select == "full" else best_valid
         bad_epochs, first_epoch = int(resume["bad_epochs"]), int(resume["epoch"]) + 1
         elapsed = float(resume.get("seconds", 0.0))
 
+    sampler = NegativeSampler(index, config.neg_sampler)
     n_rows = index.n_rows
     steps = math.ceil(n_rows / config.batch_size)
     row_lengths = index.lengths(index.playlist)  # (N,) training songs of each row's playlist
@@ -305,14 +377,14 @@ def train_model(
                     generator=generator,
                 )
                 positives = index.song[rows]  # (B,)
-                negatives = sample_negatives(index, batch.playlists, config.neg, generator)
+                step_loss = _step_loss(model, batch, positives, index, sampler, config, generator)
                 optimizer.zero_grad()
-                loss = ranking_loss(model, batch, positives, negatives, config.neg_mode)
+                loss = step_loss()
                 loss.backward()
                 if adversarial is not None and adversarial.reg_adv > 0:
                     deltas = fast_gradient_deltas(model, scales)  # eq. 24, delta from 0
                     with perturbed(model, deltas):
-                        adv = ranking_loss(model, batch, positives, negatives, config.neg_mode)
+                        adv = step_loss()  # the same loss, negatives and members at Θ + δ
                         (adversarial.reg_adv * adv).backward()  # eq. 23's second term
                     loss = loss + adversarial.reg_adv * adv.detach()
                 optimizer.step()
@@ -327,20 +399,31 @@ def train_model(
                     f"training diverged at epoch {epoch} (loss {mean_loss}); try a smaller --lr"
                 )
             t1 = time.perf_counter()
-            valid = evaluate_model(
-                model, data, "valid", device=device, protocols=("sampled",), index=index
-            )["sampled"]
+            both = evaluate_model(
+                model,
+                data,
+                "valid",
+                device=device,
+                protocols=("sampled", "full"),
+                index=index,
+                full_sample=config.valid_sample,
+                sample_seed=config.seed,
+            )
+            valid = both["sampled"]
             record = {
                 "epoch": epoch,
                 "loss": mean_loss,
                 "valid": {"hit@10": valid["hit@10"], "ndcg@10": valid["ndcg@10"]},
+                "valid_full": {k: both["full"][k] for k in ("hit@10", "ndcg@10")},
                 "train_seconds": round(train_seconds, 3),
                 "valid_seconds": round(time.perf_counter() - t1, 3),
             }
             elapsed += time.perf_counter() - t0
-            improved = best_epoch == 0 or better(valid, best_valid)
+            selected = both[config.select]  # what picks the best epoch and what patience watches
+            improved = best_epoch == 0 or better(selected, best_selected)
             if improved:
                 best_epoch, best_valid, bad_epochs = epoch, valid, 0
+                best_selected, best_full = selected, both["full"]
                 if run_dir is None:  # otherwise best.pt holds them
                     best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             else:
@@ -354,6 +437,7 @@ def train_model(
                 "history": history,
                 "best_epoch": best_epoch,
                 "best_valid": best_valid,
+                "best_valid_full": best_full,
                 "seconds": elapsed,
             }
             if run_dir is not None:
@@ -402,5 +486,5 @@ def train_model(
         history=history,
         stopped_early=stopped_early,
         seconds=elapsed,
-        extra={"stopped_by_time_limit": out_of_time},
+        extra={"stopped_by_time_limit": out_of_time, "best_valid_full": best_full},
     )

@@ -71,6 +71,12 @@ class Recommender(nn.Module):
         """(B, C) distances from each row's context to its candidate ``songs`` (B, C)."""
         raise NotImplementedError
 
+    def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
+        """(B, N) distances of every row to the same ``songs`` (N,): the negatives a batch
+        shares under sampled softmax. Models override it where sharing saves work; the default
+        is ``distance`` with the songs repeated for every row (same values, same dropout law)."""
+        return self.distance(batch, songs.unsqueeze(0).expand(batch.users.shape[0], -1))
+
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         """(B, V) distances to every catalog song. Models override this with a GEMM form;
         the default evaluates ``distance`` over song chunks."""

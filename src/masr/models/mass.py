@@ -188,6 +188,12 @@ class MASS(Recommender):
         # eq. 19: o = Σ_t α_t d²(q, s_t) + b_{s_k}
         return (alpha * d_out).sum(-1) + self.song_bias(songs).squeeze(-1)
 
+    def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
+        """(B, N) eq. 19 to songs shared by every row (sampled softmax): ``distance`` with the
+        songs as one (1, N) row, so the song-side halves of eqs. 12 and 16 (W_s s + b) are
+        computed once per song and broadcast against each row's user half."""
+        return self.distance(batch, songs.unsqueeze(0))
+
     def full_distance(self, batch: Batch, chunk: int = 256) -> Tensor:
         """(B, V) eq. 19 against every catalog song, in GEMM form.
 

@@ -128,6 +128,20 @@ class MDR(Recommender):
         o_ps = mahalanobis_sq(p - s, self.metric_playlist, p_drop, self.training)  # (B, C)
         return o_us + o_ps + self.song_bias(songs).squeeze(-1)
 
+    def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
+        """(B, N) eq. 11 to songs shared by every row (sampled softmax): the GEMM form of
+        ``full_distance_from_vectors`` on N songs; with dropout in training, the (B, N, d)
+        differences it acts on are formed as in ``distance``."""
+        if self.training and self.config.dropout > 0:
+            return self.distance(batch, songs.unsqueeze(0))  # (1, N) broadcast against (B, 1)
+        u, p = self.user_emb(batch.users), self.playlist_emb(batch.playlists)  # (B, d)
+        w1, w2 = self.metric_user.square(), self.metric_playlist.square()  # (d,)
+        s = self.song_emb(songs)  # (N, d)
+        song_term = s.square() @ (w1 + w2) + self.song_bias(songs).squeeze(-1)  # (N,)
+        row_term = u.square() @ w1 + p.square() @ w2  # (B,)
+        cross = (u * w1 + p * w2) @ s.T  # (B, N)
+        return row_term.unsqueeze(1) - 2.0 * cross + song_term.unsqueeze(0)
+
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         """(B, V) eq. 11 against every catalog song, in GEMM form (one (B, d) x (d, V) product;
         ``chunk`` is unused: the whole catalog fits one product)."""

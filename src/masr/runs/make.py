@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +43,9 @@ class RunOutcome:
     run: str
     action: str  # "trained", "resumed", "reused", "fitted", "fused"
     best_epoch: int
-    valid: dict[str, float]
+    valid: dict[str, float]  # sampled-protocol validation of the best epoch
     seconds: float
+    valid_full: dict[str, float] = field(default_factory=dict)  # full ranking, same epoch
 
 
 def train_run(
@@ -93,7 +94,14 @@ def _make(
     if finished and info is not None and info.get("signature") == sig and not target:
         best = info.get("best", {})
         log(f"{run}: reusing {run_dir} (same data and configuration)")
-        return RunOutcome(run, "reused", best.get("epoch", 0), best.get("valid", {}), 0.0)
+        return RunOutcome(
+            run,
+            "reused",
+            best.get("epoch", 0),
+            best.get("valid", {}),
+            0.0,
+            best.get("valid_full", {}),
+        )
 
     if spec.procedure == "fuse":
         return _fuse(run, spec, data, runs_dir, options, sig, device, log)
@@ -185,7 +193,11 @@ def _make(
     info.update(
         status="finished",
         finished=now(),
-        best={"epoch": result.best_epoch, "valid": result.best_valid},
+        best={
+            "epoch": result.best_epoch,
+            "valid": result.best_valid,
+            "valid_full": result.extra.get("best_valid_full", {}),
+        },
         stopped_early=result.stopped_early,
         stopped_by_time_limit=result.extra.get("stopped_by_time_limit", False),
         seconds=round(result.seconds, 3),
@@ -198,13 +210,25 @@ def _make(
         result.best_epoch,
         result.best_valid,
         result.seconds,
+        result.extra.get("best_valid_full", {}),
     )
 
 
-def _valid_metrics(model: Recommender, data: PreparedData, device: Any) -> dict[str, float]:
+def _valid_metrics(
+    model: Recommender, data: PreparedData, device: Any, options: RunOptions
+) -> dict[str, dict[str, float]]:
+    """Both protocols on the validation split, full ranking on the same seeded subset of
+    cases as the trained runs' per-epoch validation."""
     from masr.evaluate import evaluate_model
 
-    return evaluate_model(model, data, "valid", device=device, protocols=("sampled",))["sampled"]
+    return evaluate_model(
+        model,
+        data,
+        "valid",
+        device=device,
+        full_sample=options.train.valid_sample,
+        sample_seed=options.train.seed,
+    )
 
 
 def _save_single(
@@ -216,12 +240,14 @@ def _save_single(
     sig: dict[str, Any],
     device: Any,
     started: float,
+    options: RunOptions,
     extra_info: dict[str, Any],
 ) -> RunOutcome:
     """Validate, write best.pt and run.json for a run made in one go (fit, fuse)."""
     from masr.checkpoint import save_checkpoint
 
-    valid = _valid_metrics(model, data, device)
+    both = _valid_metrics(model, data, device, options)
+    valid, valid_full = both["sampled"], both["full"]
     seconds = time.perf_counter() - started
     clear(run_dir)
     save_checkpoint(
@@ -233,6 +259,7 @@ def _save_single(
         valid=valid,
         best_epoch=0,
         best_valid=valid,
+        best_valid_full=valid_full,
         seconds=seconds,
         **extra_info,
     )
@@ -247,13 +274,14 @@ def _save_single(
         "device": str(device),
         "finished": now(),
         "history": [],
-        "best": {"epoch": 0, "valid": valid},
+        "best": {"epoch": 0, "valid": valid, "valid_full": valid_full},
         "seconds": round(seconds, 3),
         "wall_seconds": round(seconds, 3),
         **extra_info,
     }
     write_run_json(run_dir, info)
-    return RunOutcome(run, "fused" if spec.procedure == "fuse" else "fitted", 0, valid, seconds)
+    action = "fused" if spec.procedure == "fuse" else "fitted"
+    return RunOutcome(run, action, 0, valid, seconds, valid_full)
 
 
 def _fit(
@@ -276,7 +304,8 @@ def _fit(
     model.fit(data, device)
     model.eval()
     return _save_single(
-        run, spec, model, data, run_dir, sig, device, started, {"options": options.to_dict()}
+        run, spec, model, data, run_dir, sig, device, started, options,
+        {"options": options.to_dict()},
     )
 
 
@@ -299,4 +328,6 @@ def _fuse(
     fused.to(device).eval()
     log(f"{run}: fusing {' + '.join(spec.parts)} with alpha {options.alpha} (eq. 20)")
     extra = {"parts": list(spec.parts), "alpha": options.alpha, "options": options.to_dict()}
-    return _save_single(run, spec, fused, data, runs_dir / run, sig, device, started, extra)
+    return _save_single(
+        run, spec, fused, data, runs_dir / run, sig, device, started, options, extra
+    )
