@@ -23,7 +23,6 @@ and everything it imports never import torch.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -41,10 +40,17 @@ import polars as pl
 from masr.atomic import atomic_file
 from masr.errors import MasrError
 from masr.io import Columns, check_file, detect_format, id_columns
+from masr.onnx_format import (
+    FORMAT,
+    ID_MAP_SIZES,
+    INPUTS,
+    OUTPUTS,
+    UNKNOWN,
+    sha256_file,
+    sidecar,
+)
 
 DEVICES = ("auto", "cpu", "cuda")
-FORMAT = "masr-onnx"
-UNKNOWN = -1
 #: Floats in one of the graph's largest tensors (grid x chunk, ``plan_batches``) per call: 1 GiB.
 MAX_GRID_FLOATS = 1 << 28
 HEADER = b"playlist_id,rank,track_id,score\n"
@@ -114,19 +120,6 @@ def _n(count: int, noun: str) -> str:
 
 
 # -- the exported model -------------------------------------------------------------------------
-
-
-def _sidecar(model_path: Path, what: str) -> Path:
-    suffix = ".json" if what == "json" else f".{what}.parquet"
-    return model_path.with_name(model_path.name + suffix)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _quiet_onnxruntime() -> Any:
@@ -213,7 +206,7 @@ class Engine:
                 "use --device cpu"
             )
         names = {i.name for i in session.get_inputs()} | {o.name for o in session.get_outputs()}
-        if not {"users", "playlists", "members", "k", "songs", "scores"} <= names:
+        if not {*INPUTS, *OUTPUTS} <= names:
             raise MasrError(f"--model {self.path}: not a masr graph (inputs/outputs {names})")
         return session, provider
 
@@ -292,7 +285,7 @@ class ExportedModel(Engine):
         meta = self.metadata
         if meta.get("format") != FORMAT:
             raise MasrError(f"--model {self.path}: not a masr export (no masr metadata)")
-        side = _sidecar(self.path, "json")
+        side = sidecar(self.path, "json")
         if side.is_file():
             try:
                 export_id = json.loads(side.read_text()).get("export_id")
@@ -304,21 +297,20 @@ class ExportedModel(Engine):
                 )
 
     def _id_maps(self, sizes: dict[str, int]) -> dict[str, pl.DataFrame]:
-        expected = {"songs": "n_songs", "playlists": "n_playlists", "users": "n_users"}
         maps = {}
         for name, entry in self.metadata.get("id_maps", {}).items():
             path = self.path.with_name(entry["file"])
             if not path.is_file():
                 raise MasrError(f"{path}: id map missing next to {self.path.name}; export again")
-            if _sha256(path) != entry["sha256"]:
+            if sha256_file(path) != entry["sha256"]:
                 raise MasrError(f"{path}: does not belong to {self.path.name}; export again")
             try:
                 maps[name] = pl.read_parquet(path)
             except Exception as exc:
                 raise MasrError(f"{path}: unreadable id map ({type(exc).__name__})") from None
-            if maps[name].height != int(sizes[expected[name]]):
+            if maps[name].height != int(sizes[ID_MAP_SIZES[name]]):
                 raise MasrError(f"{path}: {maps[name].height} rows, the model expects more")
-        missing = sorted(set(expected) - set(maps))
+        missing = sorted(set(ID_MAP_SIZES) - set(maps))
         if missing:
             raise MasrError(f"--model {self.path}: metadata lists no {', '.join(missing)} id map")
         return maps
