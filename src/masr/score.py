@@ -39,7 +39,7 @@ import polars as pl
 
 from masr.atomic import atomic_file
 from masr.errors import MasrError
-from masr.io import Columns, check_file, detect_format, id_columns
+from masr.io import Columns, check_file, detect_format, id_columns, one_line, scan
 from masr.onnx_format import (
     FORMAT,
     ID_MAP_SIZES,
@@ -322,34 +322,21 @@ class ExportedModel(Engine):
 def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
     """A lazy frame with String columns ``user, playlist, track`` (missing columns: one line)."""
     head = check_file(path)
-    kind, gz = detect_format(path, head)
-    if kind == "parquet":
-        if gz:
-            raise MasrError(f"{path}: gzipped Parquet is not supported; decompress it first")
-        lf = pl.scan_parquet(path)
-    else:
-        lf = pl.scan_csv(
-            path, separator="\t" if kind == "tsv" else ",", infer_schema=False, quote_char='"'
-        )
+    lf = scan(path, *detect_format(path, head))
     try:
         names = lf.collect_schema().names()
     except pl.exceptions.NoDataError:
         raise MasrError(f"{path}: empty file (no header or data)") from None
     except Exception as exc:
-        raise MasrError(f"{path}: unreadable file ({_one_line(exc)})") from None
+        raise MasrError(f"{path}: unreadable file ({one_line(exc)})") from None
     lf = lf.select(id_columns(path, names, columns.as_dict()))
     try:
         empty = lf.head(1).collect().height == 0
     except Exception as exc:  # polars raises several error types for malformed files
-        raise MasrError(f"{path}: unreadable or malformed file ({_one_line(exc)})") from None
+        raise MasrError(f"{path}: unreadable or malformed file ({one_line(exc)})") from None
     if empty:
         raise MasrError(f"{path}: no data rows (only a header)")
     return lf
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return (text[:200] + "...") if len(text) > 200 else (text or type(exc).__name__)
 
 
 def _playlist_chunks(path: Path, columns: Columns, read_rows: int) -> Iterator[pl.DataFrame]:
@@ -379,7 +366,7 @@ def _playlist_chunks(path: Path, columns: Columns, read_rows: int) -> Iterator[p
     except MasrError:
         raise
     except Exception as exc:  # polars raises several error types for malformed files
-        raise MasrError(f"{path}: unreadable or malformed file ({_one_line(exc)})") from None
+        raise MasrError(f"{path}: unreadable or malformed file ({one_line(exc)})") from None
     if not any_rows:
         raise MasrError(f"{path}: no data rows (only a header)")
     if carry is not None and carry.height:
