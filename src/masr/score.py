@@ -174,6 +174,11 @@ class Engine:
         self.chunk = self._graph_chunk()
         self.max_cells = MAX_GRID_FLOATS // self.chunk if self.chunk else None
         self._pool: ThreadPoolExecutor | None = None
+        self._loaded()
+
+    def _loaded(self) -> None:
+        """Called at the end of ``__init__``, once the session and its metadata are in place:
+        a subclass reads what else it needs here (``ExportedModel``). Default: nothing."""
 
     def _graph_chunk(self) -> int | None:
         """The songs per MASS loop step of the graph (the export's chunk, at most the catalog
@@ -257,14 +262,8 @@ class Engine:
 class ExportedModel(Engine):
     """An exported model ready to score: the engine plus its metadata and id maps."""
 
-    def __init__(
-        self,
-        path: str | Path,
-        device: str = "auto",
-        workers: int | None = None,
-        batch_size: int | None = None,
-    ) -> None:
-        super().__init__(path, device, workers, batch_size)
+    def _loaded(self) -> None:
+        """Check the metadata, then read the id maps it lists."""
         self._check_metadata()
         sizes = self.metadata["sizes"]
         self.n_songs = int(sizes["n_songs"])
