@@ -439,3 +439,37 @@ def test_export_rejects_parts_of_different_data(tmp_path: Path, planted_dir: Pat
     torch.save(ckpt, runs / "mass" / "best.pt")
     with pytest.raises(MasrError, match="different prepared data"):
         export_model(runs, tmp_path / "m.onnx")
+
+
+class PublicOnly:
+    """A model seen only through what the export may read: the model contract's public names and
+    the export methods (``export_weights``, ``parts``). Anything else, a private attribute or a
+    submodule such as ``song_emb``, raises, so renaming a model's internals cannot break export."""
+
+    ALLOWED = frozenset({"name", "config", "sizes", "n_users", "n_playlists", "n_songs"})
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def __getattr__(self, attr: str):  # noqa: ANN204
+        if attr == "export_weights":
+            return self.model.export_weights
+        if attr == "parts":
+            return lambda: tuple(PublicOnly(part) for part in self.model.parts())
+        if attr not in self.ALLOWED:
+            raise AttributeError(f"export read {attr!r} of a {self.model.name} model")
+        return getattr(self.model, attr)
+
+
+@pytest.mark.parametrize("runs", [("amdr", "amass"), ("amasr",)], ids=["parts", "fusion"])
+def test_export_reads_models_only_through_their_public_methods(
+    tmp_path: Path, planted_dir: Path, monkeypatch: pytest.MonkeyPatch, runs: tuple[str, ...]
+) -> None:
+    import masr.checkpoint
+
+    root = make_runs(tmp_path / "runs", planted_dir, runs)
+    plain = onnx.load(export_model(root, tmp_path / "plain" / "m.onnx").path)
+    build_model = masr.checkpoint.build_model
+    monkeypatch.setattr(masr.checkpoint, "build_model", lambda c: PublicOnly(build_model(c)))
+    guarded = onnx.load(export_model(root, tmp_path / "guarded" / "m.onnx").path)
+    assert guarded.graph.SerializeToString() == plain.graph.SerializeToString()

@@ -71,7 +71,8 @@ def detect_format(path: Path, head: bytes) -> tuple[str, bool]:
     return ("tsv" if b"\t" in first_line and b"," not in first_line else "csv"), gz
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An exception's text on one line, at most ~200 characters (for one-line MasrErrors)."""
     text = " ".join(str(exc).split())
     return (text[:200] + "...") if len(text) > 200 else (text or type(exc).__name__)
 
@@ -121,10 +122,22 @@ def check_file(path: Path) -> bytes:
         with open(path, "rb") as fh:
             head = fh.read(4096)
     except OSError as exc:
-        raise MasrError(f"{path}: cannot read ({exc.strerror or _one_line(exc)})") from None
+        raise MasrError(f"{path}: cannot read ({exc.strerror or one_line(exc)})") from None
     if not head:
         raise MasrError(f"{path}: empty file")
     return head
+
+
+def scan(path: Path, kind: str, gz: bool) -> pl.LazyFrame:
+    """A lazy frame over an interaction file of the ``detect_format`` kind; CSV/TSV columns are
+    all read as String, so ids stay exactly as written (``masr prep`` and ``masr score``)."""
+    if kind == "parquet":
+        if gz:
+            raise MasrError(f"{path}: gzipped Parquet is not supported; decompress it first")
+        return pl.scan_parquet(path)
+    return pl.scan_csv(
+        path, separator="\t" if kind == "tsv" else ",", infer_schema=False, quote_char='"'
+    )
 
 
 def id_columns(path: str | Path, names: list[str], wanted: dict[str, str]) -> list[pl.Expr]:
@@ -153,17 +166,7 @@ def read_interactions(path: str | Path, columns: Columns | None = None) -> RawIn
     hasher.start()
     wanted = columns.as_dict()
     try:
-        if kind == "parquet":
-            if gz:
-                raise MasrError(f"{path}: gzipped Parquet is not supported; decompress it first")
-            lf = pl.scan_parquet(path)
-        else:
-            lf = pl.scan_csv(
-                path,
-                separator="\t" if kind == "tsv" else ",",
-                infer_schema=False,  # every column as String: ids stay exactly as written
-                quote_char='"',
-            )
+        lf = scan(path, kind, gz)
         names = lf.collect_schema().names()
         select = id_columns(path, names, wanted)
         taken = set(wanted.values())
@@ -176,12 +179,12 @@ def read_interactions(path: str | Path, columns: Columns | None = None) -> RawIn
     except pl.exceptions.NoDataError:
         raise MasrError(f"{path}: empty file (no header or data)") from None
     except (pl.exceptions.ComputeError, OSError) as exc:
-        msg = _one_line(exc)
+        msg = one_line(exc)
         if "utf-8" in msg.lower() or "utf8" in msg.lower():
             raise MasrError(f"{path}: not UTF-8 text ({msg})") from None
         raise MasrError(f"{path}: unreadable or truncated file ({msg})") from None
     except Exception as exc:  # polars raises several error types for malformed files
-        raise MasrError(f"{path}: unreadable or truncated file ({_one_line(exc)})") from None
+        raise MasrError(f"{path}: unreadable or truncated file ({one_line(exc)})") from None
     finally:
         hasher.join()
 

@@ -23,7 +23,6 @@ and everything it imports never import torch.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -40,11 +39,18 @@ import polars as pl
 
 from masr.atomic import atomic_file
 from masr.errors import MasrError
-from masr.io import Columns, check_file, detect_format, id_columns
+from masr.io import Columns, check_file, detect_format, id_columns, one_line, scan
+from masr.onnx_format import (
+    FORMAT,
+    ID_MAP_SIZES,
+    INPUTS,
+    OUTPUTS,
+    UNKNOWN,
+    sha256_file,
+    sidecar,
+)
 
 DEVICES = ("auto", "cpu", "cuda")
-FORMAT = "masr-onnx"
-UNKNOWN = -1
 #: Floats in one of the graph's largest tensors (grid x chunk, ``plan_batches``) per call: 1 GiB.
 MAX_GRID_FLOATS = 1 << 28
 HEADER = b"playlist_id,rank,track_id,score\n"
@@ -116,19 +122,6 @@ def _n(count: int, noun: str) -> str:
 # -- the exported model -------------------------------------------------------------------------
 
 
-def _sidecar(model_path: Path, what: str) -> Path:
-    suffix = ".json" if what == "json" else f".{what}.parquet"
-    return model_path.with_name(model_path.name + suffix)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _quiet_onnxruntime() -> Any:
     """Import ONNX Runtime with its C++ logger silenced (no CUDA load errors on stderr)."""
     import onnxruntime as ort
@@ -181,6 +174,11 @@ class Engine:
         self.chunk = self._graph_chunk()
         self.max_cells = MAX_GRID_FLOATS // self.chunk if self.chunk else None
         self._pool: ThreadPoolExecutor | None = None
+        self._loaded()
+
+    def _loaded(self) -> None:
+        """Called at the end of ``__init__``, once the session and its metadata are in place:
+        a subclass reads what else it needs here (``ExportedModel``). Default: nothing."""
 
     def _graph_chunk(self) -> int | None:
         """The songs per MASS loop step of the graph (the export's chunk, at most the catalog
@@ -213,7 +211,7 @@ class Engine:
                 "use --device cpu"
             )
         names = {i.name for i in session.get_inputs()} | {o.name for o in session.get_outputs()}
-        if not {"users", "playlists", "members", "k", "songs", "scores"} <= names:
+        if not {*INPUTS, *OUTPUTS} <= names:
             raise MasrError(f"--model {self.path}: not a masr graph (inputs/outputs {names})")
         return session, provider
 
@@ -264,14 +262,8 @@ class Engine:
 class ExportedModel(Engine):
     """An exported model ready to score: the engine plus its metadata and id maps."""
 
-    def __init__(
-        self,
-        path: str | Path,
-        device: str = "auto",
-        workers: int | None = None,
-        batch_size: int | None = None,
-    ) -> None:
-        super().__init__(path, device, workers, batch_size)
+    def _loaded(self) -> None:
+        """Check the metadata, then read the id maps it lists."""
         self._check_metadata()
         sizes = self.metadata["sizes"]
         self.n_songs = int(sizes["n_songs"])
@@ -292,7 +284,7 @@ class ExportedModel(Engine):
         meta = self.metadata
         if meta.get("format") != FORMAT:
             raise MasrError(f"--model {self.path}: not a masr export (no masr metadata)")
-        side = _sidecar(self.path, "json")
+        side = sidecar(self.path, "json")
         if side.is_file():
             try:
                 export_id = json.loads(side.read_text()).get("export_id")
@@ -304,21 +296,20 @@ class ExportedModel(Engine):
                 )
 
     def _id_maps(self, sizes: dict[str, int]) -> dict[str, pl.DataFrame]:
-        expected = {"songs": "n_songs", "playlists": "n_playlists", "users": "n_users"}
         maps = {}
         for name, entry in self.metadata.get("id_maps", {}).items():
             path = self.path.with_name(entry["file"])
             if not path.is_file():
                 raise MasrError(f"{path}: id map missing next to {self.path.name}; export again")
-            if _sha256(path) != entry["sha256"]:
+            if sha256_file(path) != entry["sha256"]:
                 raise MasrError(f"{path}: does not belong to {self.path.name}; export again")
             try:
                 maps[name] = pl.read_parquet(path)
             except Exception as exc:
                 raise MasrError(f"{path}: unreadable id map ({type(exc).__name__})") from None
-            if maps[name].height != int(sizes[expected[name]]):
+            if maps[name].height != int(sizes[ID_MAP_SIZES[name]]):
                 raise MasrError(f"{path}: {maps[name].height} rows, the model expects more")
-        missing = sorted(set(expected) - set(maps))
+        missing = sorted(set(ID_MAP_SIZES) - set(maps))
         if missing:
             raise MasrError(f"--model {self.path}: metadata lists no {', '.join(missing)} id map")
         return maps
@@ -330,34 +321,21 @@ class ExportedModel(Engine):
 def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
     """A lazy frame with String columns ``user, playlist, track`` (missing columns: one line)."""
     head = check_file(path)
-    kind, gz = detect_format(path, head)
-    if kind == "parquet":
-        if gz:
-            raise MasrError(f"{path}: gzipped Parquet is not supported; decompress it first")
-        lf = pl.scan_parquet(path)
-    else:
-        lf = pl.scan_csv(
-            path, separator="\t" if kind == "tsv" else ",", infer_schema=False, quote_char='"'
-        )
+    lf = scan(path, *detect_format(path, head))
     try:
         names = lf.collect_schema().names()
     except pl.exceptions.NoDataError:
         raise MasrError(f"{path}: empty file (no header or data)") from None
     except Exception as exc:
-        raise MasrError(f"{path}: unreadable file ({_one_line(exc)})") from None
+        raise MasrError(f"{path}: unreadable file ({one_line(exc)})") from None
     lf = lf.select(id_columns(path, names, columns.as_dict()))
     try:
         empty = lf.head(1).collect().height == 0
     except Exception as exc:  # polars raises several error types for malformed files
-        raise MasrError(f"{path}: unreadable or malformed file ({_one_line(exc)})") from None
+        raise MasrError(f"{path}: unreadable or malformed file ({one_line(exc)})") from None
     if empty:
         raise MasrError(f"{path}: no data rows (only a header)")
     return lf
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return (text[:200] + "...") if len(text) > 200 else (text or type(exc).__name__)
 
 
 def _playlist_chunks(path: Path, columns: Columns, read_rows: int) -> Iterator[pl.DataFrame]:
@@ -387,7 +365,7 @@ def _playlist_chunks(path: Path, columns: Columns, read_rows: int) -> Iterator[p
     except MasrError:
         raise
     except Exception as exc:  # polars raises several error types for malformed files
-        raise MasrError(f"{path}: unreadable or malformed file ({_one_line(exc)})") from None
+        raise MasrError(f"{path}: unreadable or malformed file ({one_line(exc)})") from None
     if not any_rows:
         raise MasrError(f"{path}: no data rows (only a header)")
     if carry is not None and carry.height:

@@ -1,8 +1,10 @@
 """The one scoring contract every masr model implements (MDR, MASS, MASR and all baselines).
 
 A model maps a batch of (user, playlist, member songs) and candidate songs to *distances*:
-lower is better, as in the paper's eqs. 11, 19-21. Training (BPR/APR), evaluation (sampled and
-full ranking) and export are written once against this contract.
+lower is better, as in the paper's eqs. 11, 19-21. Training (BPR/APR) and evaluation (sampled
+and full ranking) are written once against this contract. Export reads the paper's models
+through their own public ``export_weights`` (MDR, MASS) and ``parts`` (MASR), never through
+their attributes.
 """
 
 from __future__ import annotations

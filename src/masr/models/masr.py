@@ -6,7 +6,7 @@ Both parts are distances (lower = better), so the fusion is one too. Nothing is 
 parts are pretrained (BPR or APR), frozen here, and the checkpoint of a MASR run holds both state
 dicts (``mdr.*``, ``mass.*``) so it evaluates and exports on its own.
 
-Public API used by training and export (keep in sync with masr.export):
+Public API:
     MASRConfig(alpha=0.5, mdr={...MDRConfig...}, mass={...MASSConfig...},
                parts={"mdr": "<run>", "mass": "<run>"})
     MASR(config, n_users, n_playlists, n_songs)        builds frozen, freshly initialised parts
@@ -16,7 +16,11 @@ Public API used by training and export (keep in sync with masr.export):
     MASR.full_distance(batch, chunk=256) -> (B, V)
     MASR.full_distance_from_vectors(u_mdr, p_mdr, u_mass, u_mass_att, members, member_mask,
                                     chunk=1024) -> (B, V)
-        the export entry point (vectors for fold-in, see MDR / MASS of the same name).
+        eq. 20 from vectors (see MDR / MASS of the same name); the tests' PyTorch reference of
+        the exported graph's fold-in.
+    MASR.parts() -> (MDR, MASS)                         the frozen parts; ``masr.export`` reads
+                                                        each one's ``export_weights()`` and
+                                                        weights them by config.alpha
     MASR.with_alpha(alpha) -> MASR                      the same parts under another α
                                                         (masr export --alpha)
 """
@@ -114,6 +118,10 @@ class MASR(Recommender):
     def with_alpha(self, alpha: float) -> MASR:
         """A copy sharing nothing mutable but weighting the parts by another ``alpha``."""
         return MASR.from_parts(self.mdr, self.mass, alpha, self.config.parts)
+
+    def parts(self) -> tuple[MDR, MASS]:
+        """The frozen parts (MDR, MASS) that eq. 20 weights by α and 1 - α."""
+        return self.mdr, self.mass
 
     def train(self, mode: bool = True) -> MASR:
         """MASR is never trained: its parts always run in eval mode (no dropout)."""

@@ -16,7 +16,7 @@ eq. 11, so MASR's eq. 20 adds like with like. A row with no real member has no a
 distribution: its MASS distance is defined as the song bias b_{s_k} alone (α = 0), which keeps it
 finite and ranks by popularity.
 
-Public API used by training and export (keep in sync with masr.export):
+Public API:
     MASSConfig(dim=64, dropout=0.2, init_std=None, query_init="reference", dropout_mode="element")
     MASS(config, n_users, n_playlists, n_songs)        (n_playlists unused: MASS has no playlist
                                                         embedding; the playlist is its members)
@@ -26,14 +26,18 @@ Public API used by training and export (keep in sync with masr.export):
                                                         user-dependent query tensors
     MASS.full_distance_from_vectors(u (B, d), u_att (B, d), members (B, L), member_mask (B, L),
                                     chunk=1024) -> (B, V)
-        the export entry point: u / u_att are user vectors of the output and attention tables
-        (mean user vectors for an unknown user); members are song indices. The loop over song
-        chunks depends only on n_songs and chunk (static), never on tensor values; B and L are
-        dynamic (tests/test_models_onnx.py traces it with torch.onnx.export).
+        eq. 19 from user *vectors*: u / u_att are user vectors of the output and attention
+        tables (a caller may pass mean user vectors for an unknown user); members are song
+        indices. The tests use it as the PyTorch reference of the exported graph's fold-in.
+        The loop over song chunks depends only on n_songs and chunk (static), never on tensor
+        values; B and L are dynamic (tests/test_models_onnx.py traces it with torch.onnx.export).
     MASS.full_distance_grouped(u (G, d), u_att (G, d), members (G, R, L), member_mask (G, R, L),
                                chunk=1024) -> (G, R, V)
         the same for G users with R playlists each (a caller groups rows by user; all-padding
         rows fill the gaps): each user's queries are built once per song chunk.
+    MASS.export_weights() -> dict[str, Tensor]
+        the named tensors of eqs. 12-19, W1 and W2 already split into their user and song
+        halves; ``masr.export`` builds its ONNX graph from these alone.
     masked_softmin, pairwise_mahalanobis_sq, weighted_pairwise_sq: the pieces, module-level.
 
 Initialisation: embeddings N(0, σ²) with σ = init_std or 1/dim; B3 = B4 = 1; song bias 0;
@@ -288,3 +292,42 @@ class MASS(Recommender):
             # eq. 19: o = Σ_t α_t d²_t + b_{s_k}
             out.append(pooled + q_norm.unsqueeze(-1) * has + bias)  # (G, Vc, R)
         return torch.cat(out, dim=1).transpose(1, 2)  # (G, R, V)
+
+    def export_weights(self) -> dict[str, Tensor]:
+        """The tensors of eqs. 12-19 by name, detached (the export's only view of this model).
+        W [u; s] = W_u u + W_s s, so each query matrix comes as its two (d, d) halves.
+
+        output side (eqs. 12, 14-15, 19):
+            user              (n_users, d)   U
+            song              (V, d)         S, the candidate and member songs
+            query_user        (d, d)         W1_u, acting on u in eq. 12
+            query_song        (d, d)         W1_s, acting on s_k in eq. 12
+            query_bias        (d,)           b1
+            metric            (d,)           B3 (eq. 15)
+            song_bias         (V,)           b_s (eq. 19)
+        attention memory (eqs. 16-18):
+            att_user          (n_users, d)   U^(a)
+            att_song          (V, d)         S^(a)
+            att_query_user    (d, d)         W2_u, acting on u^(a) in eq. 16
+            att_query_song    (d, d)         W2_s, acting on s^(a)_k in eq. 16
+            att_query_bias    (d,)           b2
+            att_metric        (d,)           B4 (eq. 17)
+        """
+        w1_u, w1_s = self._split(self.query)
+        w2_u, w2_s = self._split(self.att_query)
+        tensors = {
+            "user": self.user_emb.weight,
+            "song": self.song_emb.weight,
+            "query_user": w1_u,
+            "query_song": w1_s,
+            "query_bias": self.query.bias,
+            "metric": self.metric,
+            "song_bias": self.song_bias.weight.reshape(-1),
+            "att_user": self.att_user_emb.weight,
+            "att_song": self.att_song_emb.weight,
+            "att_query_user": w2_u,
+            "att_query_song": w2_s,
+            "att_query_bias": self.att_query.bias,
+            "att_metric": self.att_metric,
+        }
+        return {name: t.detach() for name, t in tensors.items()}

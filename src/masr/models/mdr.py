@@ -2,15 +2,19 @@
 
     o_MDR(u, p, s) = |B1 ⊙ (u - s)|² + |B2 ⊙ (p - s)|² + θ_s          (eq. 11; lower = better)
 
-Public API used by training and export (keep in sync with masr.export):
+Public API:
     MDRConfig(dim=64, dropout=0.2, init_std=None)
     MDR(config, n_users, n_playlists, n_songs)
     MDR.distance(batch, songs (B, C)) -> (B, C)                 training / sampled evaluation
     MDR.full_distance(batch, chunk=8192) -> (B, V)              full ranking (GEMM form)
     MDR.full_distance_from_vectors(u (B, d), p (B, d)) -> (B, V)
-        the export entry point: takes embedding *vectors*, so unknown users / playlists can be
-        folded in (mean user vector, mean of the member songs' playlist-side vectors ...). No
-        Python control flow depends on tensor values; B is dynamic.
+        eq. 11 from embedding *vectors* rather than indices, so a caller can fold unknown
+        users / playlists in (e.g. the mean of the member songs' vectors). ``full_distance``
+        runs on it; the tests use it as the PyTorch reference of the exported graph's fold-in,
+        and tests/test_models_onnx.py traces it to ONNX. No Python control flow depends on
+        tensor values; B is dynamic.
+    MDR.export_weights() -> dict[str, Tensor]
+        the named tensors of eq. 11; ``masr.export`` builds its ONNX graph from these alone.
     mahalanobis_sq(diff (..., d), metric (d,), dropout) -> (...)   shared with MASS
 
 Initialisation (documented choice): embeddings N(0, σ²) with σ = init_std or 1/dim (the authors'
@@ -161,3 +165,22 @@ class MDR(Recommender):
         row_term = u.square() @ w1 + p.square() @ w2  # (B,)
         cross = (u * w1 + p * w2) @ songs.T  # (B, V)
         return row_term.unsqueeze(1) - 2.0 * cross + song_term.unsqueeze(0)
+
+    def export_weights(self) -> dict[str, Tensor]:
+        """The tensors of eq. 11 by name, detached (the export's only view of this model):
+
+        user             (n_users, d)       u, one row per user
+        playlist         (n_playlists, d)   p, one row per playlist
+        song             (V, d)             s, one row per catalog song
+        song_bias        (V,)               θ_s
+        metric_user      (d,)               B1, the metric of the user term
+        metric_playlist  (d,)               B2, the metric of the playlist term
+        """
+        return {
+            "user": self.user_emb.weight.detach(),
+            "playlist": self.playlist_emb.weight.detach(),
+            "song": self.song_emb.weight.detach(),
+            "song_bias": self.song_bias.weight.detach().reshape(-1),
+            "metric_user": self.metric_user.detach(),
+            "metric_playlist": self.metric_playlist.detach(),
+        }

@@ -1,0 +1,251 @@
+"""Export MDR, MASS or their fusion MASR / AMASR (eq. 20) to one self-contained ONNX file.
+
+The graph scores the whole catalog for a batch of playlists and returns the K best songs:
+
+    inputs   users (B,) int64, playlists (B,) int64   -1 = unknown (fold-in, below)
+             members (B, L) int64                    the playlist's songs, -1 = padding
+             k () int64                              how many songs to return (<= catalog size)
+    outputs  songs (B, K) int64                      catalog song indices, best first
+             scores (B, K) float32                   -(fused distance): higher is better;
+                                                     -inf only when fewer than K songs remain
+
+    o = α o_MDR + (1 - α) o_MASS                      (eq. 20; α = 1 for MDR, 0 for MASS)
+
+Member songs are never returned (their distance is set to +inf before the top-K). Users and
+playlists the model never saw are folded in: an unknown playlist (and by default an unknown user)
+takes the mean of its members' MDR song vectors, an unknown MASS user the mean of each memory's
+user table, and a playlist with no usable member ranks by user taste, then by popularity.
+
+Everything that does not depend on the playlist is precomputed as constants (GEMM form). Where
+each part lives:
+
+    sources.py       which checkpoints (runs) and prepared data (id maps) an export reads
+    weights.py       the models' tensors as NumPy, from their public ``export_weights()``
+    onnx_builder.py  the small ONNX builder both graph modules write with
+    graph.py         the graph: inputs, MDR's eq. 11 with fold-in, eq. 20, exclusion, top-K
+    mass_graph.py    MASS's eqs. 12-19, walked over the catalog in chunks by an ONNX Loop
+    this file        the options, the metadata and the files written next to the model
+
+The file format both this package and scoring read is ``masr.onnx_format``. This package needs
+torch (it reads checkpoints); scoring (``masr.score``) does not.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from masr import __version__
+from masr.atomic import atomic_file, atomic_path
+from masr.errors import MasrError
+from masr.export.graph import UNKNOWN_USER_MODES, build_graph
+from masr.export.sources import (
+    KINDS,
+    Source,
+    load_sources,
+    locate_data,
+    read_id_maps,
+    resolve_sources,
+)
+from masr.export.weights import MASSWeights, MDRWeights, mass_weights, mdr_weights
+from masr.onnx_format import (
+    FORMAT,
+    FORMAT_VERSION,
+    ID_MAPS,
+    INPUTS,
+    IR_VERSION,
+    OPSET,
+    OUTPUTS,
+    UNKNOWN,
+    sha256_file,
+    sidecar,
+)
+
+
+@dataclass
+class ExportConfig:
+    """What ``masr export`` builds (the CLI fills it from its options)."""
+
+    model: str | None = None  # one of KINDS; None: amasr when its parts exist, else masr
+    alpha: float | None = None  # eq. 20's MDR weight; None: the fusion run's, else 0.5
+    chunk: int = 256  # catalog songs per MASS step: cache-sized (fastest measured on CPU)
+    unknown_user: str = "members"  # MDR user term of an unknown user: "members" or "drop"
+    data: Path | None = None  # prepared data for the id maps; None: found through run.json
+
+    def validate(self) -> None:
+        if self.model is not None and self.model not in KINDS:
+            raise MasrError(f"--model {self.model}: choose one of {', '.join(KINDS)}")
+        if self.alpha is not None and not (0.0 <= self.alpha <= 1.0):
+            raise MasrError(f"--alpha {self.alpha}: must be between 0 and 1")
+        if self.chunk < 1:
+            raise MasrError(f"--chunk {self.chunk}: must be >= 1")
+        if self.unknown_user not in UNKNOWN_USER_MODES:
+            raise MasrError(
+                f"unknown_user {self.unknown_user!r}: choose one of {UNKNOWN_USER_MODES}"
+            )
+
+
+@dataclass
+class ExportResult:
+    """What ``export_model`` wrote."""
+
+    path: Path
+    metadata: dict[str, Any]
+    files: list[Path] = field(default_factory=list)
+
+
+def export_model(
+    runs_dir: str | Path = "runs",
+    out: str | Path = "exported/masr.onnx",
+    config: ExportConfig | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ExportResult:
+    """Export the runs' MDR/MASS parts to ``out`` plus its metadata JSON and id maps.
+
+    Every file is written aside and renamed; parent folders are created."""
+    config = config or ExportConfig()
+    config.validate()
+    say = log or (lambda _msg: None)
+    runs_dir, out = Path(runs_dir), Path(out)
+    if out.exists() and out.is_dir():
+        raise MasrError(f"--out {out}: is a directory; give a file name (e.g. {out}/masr.onnx)")
+    kind, sources = resolve_sources(runs_dir, config.model)
+    say(f"exporting {kind} from {', '.join(str(s.path) for s in sources)}")
+    mdr, mass, fused_alpha, described, fingerprint = load_sources(sources)
+    if mdr is not None and mass is not None:
+        alpha = next(a for a in (config.alpha, fused_alpha, 0.5) if a is not None)
+    elif config.alpha is not None:
+        raise MasrError(f"--alpha: {kind} is one part; α weights the parts of amasr/masr only")
+    else:
+        alpha = 1.0 if mass is None else 0.0
+    part = mdr if mdr is not None else mass
+    sizes = part.sizes()
+    data_dir = locate_data(runs_dir, sources, fingerprint, config.data)
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    maps = read_id_maps(data_dir, sizes)
+
+    graph = build_graph(
+        mdr_weights(mdr) if mdr is not None else None,
+        mass_weights(mass) if mass is not None else None,
+        alpha,
+        chunk=config.chunk,
+        unknown_user=config.unknown_user,
+        **sizes,
+    )
+    files: list[Path] = []
+    written: dict[str, dict[str, Any]] = {}
+    for name in ID_MAPS:
+        path = sidecar(out, name)
+        with atomic_path(path) as tmp:
+            maps[name].write_parquet(tmp)
+            written[name] = {"file": path.name, "rows": maps[name].height}
+            written[name]["sha256"] = sha256_file(tmp)
+        files.append(path)
+
+    dims = {}
+    if mdr is not None:
+        dims["mdr"] = int(mdr.config.dim)
+    if mass is not None:
+        dims["mass"] = int(mass.config.dim)
+    data = {
+        "fingerprint": fingerprint,
+        "checksum": manifest.get("checksum"),
+        "path": str(data_dir),
+        "input": manifest.get("input"),
+    }
+    metadata = _metadata(kind, alpha, dims, sizes, config, described, data, written)
+    for key, value in metadata.items():  # every value JSON-encoded (strings quoted)
+        entry = graph.metadata_props.add()
+        entry.key, entry.value = key, json.dumps(value)
+    onnx.checker.check_model(graph, full_check=True)
+
+    with atomic_path(out) as tmp:
+        onnx.save_model(graph, tmp)
+    files.insert(0, out)
+    meta_path = sidecar(out, "json")
+    with atomic_file(meta_path, "w") as fh:
+        json.dump(metadata, fh, indent=2)
+        fh.write("\n")
+    files.insert(1, meta_path)
+    size_mb = os.path.getsize(out) / 1e6
+    say(f"wrote {out} ({size_mb:.1f} MB), {meta_path.name} and the id maps")
+    return ExportResult(path=out, metadata=metadata, files=files)
+
+
+def _metadata(
+    kind: str,
+    alpha: float,
+    dims: dict[str, int],
+    sizes: dict[str, int],
+    config: ExportConfig,
+    sources: list[dict[str, Any]],
+    data: dict[str, Any],
+    id_maps: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """What the export records about itself (in the graph and in the JSON next to it). Its
+    ``export_id`` hashes what decides the scores, so a reader can tell sidecars of another export
+    (``masr.score``)."""
+    metadata: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "model": kind,
+        "alpha": alpha,
+        "dims": dims,
+        "sizes": sizes,
+        "opset": OPSET,
+        "ir_version": IR_VERSION,
+        "chunk": config.chunk,
+        "unknown_user": config.unknown_user,
+        "unknown_index": UNKNOWN,
+        "inputs": dict(INPUTS),
+        "outputs": dict(OUTPUTS),
+        "sources": sources,
+        "data": data,
+        "id_maps": id_maps,
+        "masr_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    identity = json.dumps(
+        [sources, alpha, config.chunk, config.unknown_user, id_maps], sort_keys=True
+    )
+    metadata["export_id"] = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return metadata
+
+
+def metadata_of(model: onnx.ModelProto) -> dict[str, Any]:
+    """The masr metadata stored in an ONNX model's ``metadata_props`` (values JSON-decoded)."""
+    return {entry.key: json.loads(entry.value) for entry in model.metadata_props}
+
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "ID_MAPS",
+    "IR_VERSION",
+    "KINDS",
+    "OPSET",
+    "UNKNOWN",
+    "UNKNOWN_USER_MODES",
+    "ExportConfig",
+    "ExportResult",
+    "MASSWeights",
+    "MDRWeights",
+    "Source",
+    "build_graph",
+    "export_model",
+    "load_sources",
+    "locate_data",
+    "mass_weights",
+    "mdr_weights",
+    "metadata_of",
+    "resolve_sources",
+    "sidecar",
+]

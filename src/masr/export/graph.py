@@ -1,0 +1,181 @@
+"""The scoring graph: inputs, MDR's eq. 11, eq. 20's fusion with MASS, member exclusion, top-K.
+
+MDR (eq. 11) in GEMM form, everything that does not depend on the playlist a constant:
+
+    |B1⊙(u-s)|² + |B2⊙(p-s)|² + θ_s = [B1²⊙u + B2²⊙p, 1, 1, 1] · [-2s; |B1⊙s|²; |B2⊙s|²; θ_s]
+                                      + |B1⊙u|² + |B2⊙p|²
+
+one (B, d+3) x (d+3, V) product. Fold-in of what the model never saw:
+* unknown playlist: p = mean of its members' song vectors, the exact minimiser of
+  Σ_t |B2 ⊙ (p - s_t)|² (the playlist term of eq. 11 summed over its songs);
+* unknown user: by default the same mean (``unknown_user = "members"``, the minimiser of
+  Σ_t |B1 ⊙ (u - s_t)|²); ``"drop"`` leaves the user term out. exported/README.md reports the
+  measurement behind the default;
+* no usable member: the terms that have no vector are dropped (a new playlist keeps its user
+  term, an unknown user with no song has none).
+
+MASS's part lives in ``mass_graph``; both write into one ``onnx_builder.Graph``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from masr import __version__
+from masr.export.mass_graph import mass_distance
+from masr.export.onnx_builder import Graph, f32
+from masr.export.weights import MASSWeights, MDRWeights
+from masr.onnx_format import INPUTS, IR_VERSION, OPSET, OUTPUTS
+
+#: How an unknown user enters eq. 11: the mean of the playlist's members, or not at all.
+UNKNOWN_USER_MODES = ("members", "drop")
+
+
+def build_graph(
+    mdr: MDRWeights | None,
+    mass: MASSWeights | None,
+    alpha: float,
+    *,
+    n_users: int,
+    n_playlists: int,
+    n_songs: int,
+    chunk: int = 256,
+    unknown_user: str = "members",
+) -> onnx.ModelProto:
+    """The scoring graph (``masr.export``'s docstring) for the given parts; at least one part.
+
+    With both parts the distance is eq. 20's α o_MDR + (1-α) o_MASS; with one part, that part's."""
+    if mdr is None and mass is None:
+        raise ValueError("build_graph needs MDR weights, MASS weights or both")
+    w_mdr = alpha if mass is not None else 1.0
+    w_mass = (1.0 - alpha) if mdr is not None else 1.0
+    V = n_songs
+    g = Graph()
+    users, playlists, members, k = INPUTS
+
+    zero_i, ax1 = g.ints(), g.ints(1)
+    g.ints(2)  # created here so that constant names stay where they always were
+    # member slots: real (B, L) bool, safe indices (padding -> 0), counts (B, 1)
+    real = g.op("GreaterOrEqual", members, zero_i, hint="real")
+    safe = g.op("Where", real, members, zero_i, hint="safe_members")
+    real_f = g.op("Cast", real, to=TensorProto.FLOAT)
+    n_real = g.op("ReduceSum", real_f, ax1, keepdims=1, hint="n_members")  # (B, 1)
+    has_members = g.op("Greater", n_real, g.const("zero_f", 0.0, np.float32))  # (B, 1)
+    members_in = _Members(safe, real_f, n_real, has_members)
+    # a padding column V (dropped before the top-K) receives the padded slots' exclusion
+    pad_cols = 1
+    distance = None  # (B, V + pad) fused distance
+
+    if mdr is not None:
+        distance = _mdr_distance(g, mdr, w_mdr, members_in, V + pad_cols, unknown_user)
+
+    if mass is not None:
+        o_mass = mass_distance(g, mass, users, members, n_users, V, chunk, pad_cols)
+        o_mass = g.op("Mul", o_mass, g.const("w_mass", w_mass, np.float32), hint="o_mass")
+        # eq. 20: o = α o_MDR + (1 - α) o_MASS (the weights are folded in above)
+        distance = o_mass if distance is None else g.op("Add", distance, o_mass, hint="o")
+
+    # members are never recommended: +inf distance (padding slots hit the dropped column V)
+    slot_cols = g.op("Where", real, members, g.const("pad_col", V, np.int64))
+    inf = g.op("Expand", g.const("inf", np.inf, np.float32), g.op("Shape", slot_cols))
+    distance = g.op("ScatterElements", distance, slot_cols, inf, axis=1, hint="excluded")
+    distance = g.op("Slice", distance, g.ints(0), g.ints(V), ax1)  # (B, V)
+    k_eff = g.op("Min", g.op("Reshape", k, g.ints(1)), g.ints(V))
+    best, songs = g.op("TopK", distance, k_eff, axis=1, largest=0, sorted=1, n_out=2)
+    out_songs, out_scores = OUTPUTS
+    g.nodes.append(helper.make_node("Neg", [best], [out_scores]))
+    g.nodes.append(helper.make_node("Identity", [songs], [out_songs]))
+
+    graph = helper.make_graph(
+        g.nodes,
+        "masr_top_k",
+        [
+            helper.make_tensor_value_info(users, TensorProto.INT64, ["batch"]),
+            helper.make_tensor_value_info(playlists, TensorProto.INT64, ["batch"]),
+            helper.make_tensor_value_info(members, TensorProto.INT64, ["batch", "members"]),
+            helper.make_tensor_value_info(k, TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info(out_songs, TensorProto.INT64, ["batch", "k"]),
+            helper.make_tensor_value_info(out_scores, TensorProto.FLOAT, ["batch", "k"]),
+        ],
+        g.used_initializers(),
+    )
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        ir_version=IR_VERSION,
+        producer_name="masr",
+        producer_version=__version__,
+        doc_string="masr playlist continuation: top-K songs per playlist (see the metadata)",
+    )
+
+
+class _Members(NamedTuple):
+    """Graph values about the member slots that the MDR part reads."""
+
+    safe: str  # (B, L) int64, padding -> 0
+    real_f: str  # (B, L) float, 1 at real slots
+    n_real: str  # (B, 1) float, number of real members
+    has_members: str  # (B, 1) bool
+
+
+def _mdr_distance(
+    g: Graph, mdr: MDRWeights, w_mdr: float, m: _Members, n_cols: int, unknown_user: str
+) -> str:
+    """α · eq. 11 of every song for every row, with fold-in (module docstring): (B, n_cols),
+    the columns past the catalog zero."""
+    users, playlists, _, _ = INPUTS
+    zero_i, ax1, ax2 = g.ints(), g.ints(1), g.ints(2)
+    V, d = mdr.song.shape
+    b1sq = f32(np.square(mdr.metric_user))  # (d,) B1²
+    b2sq = f32(np.square(mdr.metric_playlist))  # (d,) B2²
+    # constants of eq. 11 in GEMM form, times α: [-2s; |B1⊙s|²; |B2⊙s|²; θ_s] (d+3, n_cols)
+    song = mdr.song.astype(np.float64)
+    rhs = np.zeros((d + 3, n_cols), dtype=np.float64)
+    rhs[:d, :V] = -2.0 * song.T
+    rhs[d, :V] = np.square(song) @ b1sq
+    rhs[d + 1, :V] = np.square(song) @ b2sq
+    rhs[d + 2, :V] = mdr.song_bias
+    rhs *= w_mdr
+    song_c = g.const("mdr_song", f32(mdr.song))
+    # fold-in vector: mean of the members' song vectors (B, d); zero when there is none
+    s_members = g.op("Gather", song_c, m.safe, axis=0)  # (B, L, d)
+    s_members = g.op("Mul", s_members, g.op("Unsqueeze", m.real_f, ax2))
+    s_sum = g.op("ReduceSum", s_members, ax1, keepdims=0)  # (B, d)
+    s_mean = g.op("Div", s_sum, g.op("Max", m.n_real, g.const("one_f", 1.0, np.float32)))
+
+    def lookup(table: np.ndarray, index: str, hint: str) -> tuple[str, str]:
+        known = g.op("GreaterOrEqual", index, zero_i, hint=f"known_{hint}")  # (B,)
+        row = g.op("Where", known, index, zero_i)
+        vec = g.op("Gather", g.const(f"mdr_{hint}", f32(table)), row, axis=0)  # (B, d)
+        return g.op("Unsqueeze", known, ax1), vec  # (B, 1) bool, (B, d)
+
+    known_u, u_vec = lookup(mdr.user, users, "user")
+    known_p, p_vec = lookup(mdr.playlist, playlists, "playlist")
+    # unknown playlist: p = mean of the members (minimises Σ_t |B2⊙(p - s_t)|²)
+    p_vec = g.op("Where", known_p, p_vec, s_mean, hint="p")
+    has_p = g.op("Or", known_p, m.has_members)
+    if unknown_user == "members":  # same minimiser for Σ_t |B1⊙(u - s_t)|²
+        u_vec = g.op("Where", known_u, u_vec, s_mean, hint="u")
+        has_u = g.op("Or", known_u, m.has_members)
+    else:  # "drop": an unknown user contributes no term
+        has_u = known_u
+    f_u = g.op("Cast", has_u, to=TensorProto.FLOAT)  # (B, 1) 1 where the term exists
+    f_p = g.op("Cast", has_p, to=TensorProto.FLOAT)
+    b1sq_c, b2sq_c = g.const("b1sq", b1sq), g.const("b2sq", b2sq)
+    wu = g.op("Mul", g.op("Mul", u_vec, b1sq_c), f_u)  # (B, d) f_u B1²⊙u
+    wp = g.op("Mul", g.op("Mul", p_vec, b2sq_c), f_p)  # (B, d) f_p B2²⊙p
+    ones = g.op("Expand", g.const("ones", [[1.0]], np.float32), g.op("Shape", f_u))
+    lhs = g.op("Concat", g.op("Add", wu, wp), f_u, f_p, ones, axis=1)  # (B, d+3)
+    # row constant α (f_u |B1⊙u|² + f_p |B2⊙p|²)  (B, 1)
+    u_norm = g.op("MatMul", g.op("Mul", u_vec, u_vec), g.const("b1sq_col", b1sq[:, None]))
+    p_norm = g.op("MatMul", g.op("Mul", p_vec, p_vec), g.const("b2sq_col", b2sq[:, None]))
+    row = g.op("Add", g.op("Mul", u_norm, f_u), g.op("Mul", p_norm, f_p))
+    row = g.op("Mul", row, g.const("w_mdr", w_mdr, np.float32))
+    # eq. 11 (times α) for every song: (B, n_cols)
+    return g.op("Add", g.op("MatMul", lhs, g.const("mdr_rhs", f32(rhs))), row, hint="o_mdr")
