@@ -55,7 +55,7 @@ from masr.models.base import Batch, Recommender
 from masr.sampling import (
     NegativeSampler,
     TrainingIndex,
-    is_training_pair,
+    members_among,
     sample_negatives,
     training_batch,
 )
@@ -239,7 +239,7 @@ def _step_loss(
     if config.loss == "softmax":
         negatives = sampler.draw(config.neg, generator)  # (N,) shared by the batch
         log_expected = sampler.log_expected(negatives, config.neg)  # (N,)
-        is_member = is_training_pair(index, batch.playlists.unsqueeze(1), negatives.unsqueeze(0))
+        is_member = members_among(index, batch.playlists, negatives)  # (B, N)
         return lambda: softmax_loss(
             model, batch, positives, negatives, log_expected, is_member, config.temperature
         )
