@@ -42,8 +42,15 @@ def save_checkpoint(
         "masr_version": __version__,
         **extra,
     }
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    try:
+        with atomic_path(path) as tmp:
+            torch.save(payload, tmp)
+    except (OSError, RuntimeError) as exc:  # torch's writer reports a full disk as RuntimeError
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise MasrError(
+            f"{path}: could not save the checkpoint ({' '.join(reason.split())[:160]}); "
+            "the previous file is unchanged"
+        ) from None
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
