@@ -46,10 +46,12 @@ def save_checkpoint(
         with atomic_path(path) as tmp:
             torch.save(payload, tmp)
     except (OSError, RuntimeError) as exc:  # torch's writer reports a full disk as RuntimeError
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if isinstance(exc, OSError):
+            reason = exc.strerror or str(exc)
+        else:
+            reason = "the write failed; is the disk full? " + " ".join(str(exc).split())[:100]
         raise MasrError(
-            f"{path}: could not save the checkpoint ({' '.join(reason.split())[:160]}); "
-            "the previous file is unchanged"
+            f"{path}: could not save the checkpoint ({reason}); the previous file is unchanged"
         ) from None
 
 
