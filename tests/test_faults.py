@@ -33,7 +33,8 @@ runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--batch-size", "32", "--lr", "0.02", "--dim", "8", "--threads", "1"]
 
-#: `masr ...` that stops at MASR_GATE_AT: "epoch" (after run.json records an epoch), "dir"
+#: `masr ...` that stops at MASR_GATE_AT: "epoch" (after run.json records an epoch; "epoch:mass":
+#: of run mass), "dir"
 #: (prep's folder written, before its rename) or a file-name suffix (before that atomic write)
 GATED = textwrap.dedent(
     """
@@ -70,7 +71,9 @@ GATED = textwrap.dedent(
 
     def write_run_json(run_dir, info):
         real_json(run_dir, info)
-        if at == "epoch" and info.get("status") == "running" and info.get("history"):
+        if at in ("epoch", "epoch:" + info["run"]) and info.get("status") == "running" and (
+            info.get("history")
+        ):
             wait()
 
     make.write_run_json = write_run_json
@@ -231,6 +234,20 @@ def test_two_trainings_on_one_run_exactly_one_trains(tmp_path: Path, data: Path)
     last = torch.load(runs / "mdr" / "last.pt", weights_only=True)
     assert [h["loss"] for h in last["history"]] == [h["loss"] for h in info["history"]]
     assert not (runs / "mdr" / ".lock").exists()
+
+
+def test_a_chain_refuses_a_part_made_again_by_another_training(tmp_path: Path, data: Path) -> None:
+    """Runs are locked while made, not while read: a chain checks the parts it builds on."""
+    runs, gate = tmp_path / "runs", tmp_path / "gate"
+    train = ["train", "--data", str(data), "--runs", str(runs), *TINY, "--epochs", "2"]
+    chain = _masr(*train, "--model", "masr", gate=gate, at="epoch:mass")
+    _reach(chain, gate)  # mdr made, mass being made
+    _ok([*train, "--model", "mdr", "--seed", "7"])  # mdr is free: made again, other options
+    gate.touch()
+    out, err = chain.communicate(timeout=120)
+    assert chain.returncode == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"masr: error: {runs / 'mdr'}: made again")
+    assert not (runs / "masr" / "best.pt").exists()
 
 
 @pytest.fixture(scope="module")

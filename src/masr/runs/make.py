@@ -176,7 +176,7 @@ def _build(
         log(f"{run}: resuming {run_dir} after epoch {resume_state['epoch']}")
     elif spec.procedure == "apr":
         start_dir = runs_dir / (spec.start_from or "")
-        model, ckpt = load_run(runs_dir, spec.start_from or "", data, device)
+        model, ckpt = _load_part(runs_dir, spec.start_from or "", data, options, device)
         log(f"{run}: APR from {start_dir / 'best.pt'} (epoch {ckpt.get('epoch')})")
     else:
         model = cls(
@@ -238,6 +238,21 @@ def _build(
         result.best_valid,
         result.seconds,
     )
+
+
+def _load_part(
+    runs_dir: Path, part: str, data: PreparedData, options: RunOptions, device: Any
+) -> tuple[Recommender, dict[str, Any]]:
+    """A run this plan made or reused a moment ago. Runs are locked only while made, not while
+    read, so another ``masr train`` may have made it again since, with other options: refused
+    rather than built upon."""
+    info = read_run_json(runs_dir / part) or {}
+    if info.get("signature") != signature(part, options, data.fingerprint):
+        raise MasrError(
+            f"{runs_dir / part}: made again by another masr train while this one ran, with "
+            "other options; run this one again"
+        )
+    return load_run(runs_dir, part, data, device)
 
 
 def _valid_metrics(model: Recommender, data: PreparedData, device: Any) -> dict[str, float]:
@@ -332,7 +347,7 @@ def _fuse(
     from masr.models import model_class
 
     started = time.perf_counter()
-    parts = [load_run(runs_dir, part, data, device)[0] for part in spec.parts]
+    parts = [_load_part(runs_dir, part, data, options, device)[0] for part in spec.parts]
     cls = model_class(spec.model)
     fused = cls.from_parts(*parts, alpha=options.alpha, parts=list(spec.parts))  # type: ignore[attr-defined]
     fused.to(device).eval()
