@@ -54,7 +54,8 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def handle_errors(func: F) -> F:
-    """Turn MasrError (and Ctrl-C) into one clear line on stderr and a non-zero exit."""
+    """Turn MasrError, Ctrl-C and OS errors (ENOSPC, EACCES) into one clear line on stderr and a
+    non-zero exit."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -66,5 +67,10 @@ def handle_errors(func: F) -> F:
             raise fail("interrupted", 130) from None
         except MemoryError:
             raise fail("out of memory; try a smaller --batch-size or a smaller input") from None
+        except BrokenPipeError:
+            raise
+        except OSError as exc:  # a full disk, a read-only folder: the file and the reason
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise fail(f"{where}{exc.strerror or exc}") from None
 
     return wrapper  # type: ignore[return-value]

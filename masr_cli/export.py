@@ -84,11 +84,13 @@ def command(
     For CUDA scoring: masr export --chunk 65536 --out exported/masr-cuda.onnx
     """
     from masr.export import ExportConfig, export_model
+    from masr.lock import lock_path, locked
 
     config = ExportConfig(
         model=model.value if model else None, alpha=alpha, data=data, chunk=chunk
     )
-    result = export_model(runs, out, config, log=lambda msg: console.print(msg, style="dim"))
+    with locked(lock_path(out), "masr export"):  # one writer per --out (OUT.lock)
+        result = export_model(runs, out, config, log=lambda msg: console.print(msg, style="dim"))
     meta = result.metadata
     console.print(
         f"exported {meta['model']} (α = {meta['alpha']:g}, {meta['sizes']['n_songs']:,} songs) "

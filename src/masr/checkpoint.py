@@ -42,8 +42,17 @@ def save_checkpoint(
         "masr_version": __version__,
         **extra,
     }
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    try:
+        with atomic_path(path) as tmp:
+            torch.save(payload, tmp)
+    except (OSError, RuntimeError) as exc:  # torch's writer reports a full disk as RuntimeError
+        if isinstance(exc, OSError):
+            reason = exc.strerror or str(exc)
+        else:
+            reason = "the write failed; is the disk full? " + " ".join(str(exc).split())[:100]
+        raise MasrError(
+            f"{path}: could not save the checkpoint ({reason}); the previous file is unchanged"
+        ) from None
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

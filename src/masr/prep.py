@@ -37,6 +37,7 @@ from masr.atomic import atomic_dir
 from masr.dataset import FORMAT_VERSION, fingerprint_of
 from masr.errors import MasrError
 from masr.io import POSITION, SONG_EXTRAS, Columns, RawInput, read_interactions
+from masr.lock import lock_path, locked
 
 Log = Callable[[str], None]
 
@@ -377,8 +378,21 @@ def prepare(
 ) -> PrepResult:
     """Run the whole preparation (module docstring) and write ``out``; returns the manifest.
 
-    ``input_path=None`` uses the embedded synthetic dataset (``synth_users`` users).
+    ``input_path=None`` uses the embedded synthetic dataset (``synth_users`` users). The lock
+    ``<out>.lock`` (``masr.lock``) keeps a second ``masr prep --out`` off the same folder.
     """
+    with locked(lock_path(out), "masr prep"):
+        return _prepare(input_path, out, columns, config, synth_users, log)
+
+
+def _prepare(
+    input_path: str | Path | None,
+    out: str | Path,
+    columns: Columns | None,
+    config: PrepConfig | None,
+    synth_users: int | None,
+    log: Log | None,
+) -> PrepResult:
     config = config or PrepConfig()
     config.validate()
     columns = columns or Columns()

@@ -4,7 +4,9 @@
 masr, then amdr (APR from mdr), amass (APR from mass) and their fusion amasr. A needed run is
 reused when it finished with the same data fingerprint and the same configuration (its
 *signature*, ``masr.runs.registry``); the run asked for is always made again (or continued,
-with ``resume``). Each run is seeded once, before its model is built (``masr.seed.set_seed``).
+with ``resume``). A run being made is locked (``runs/<run>/.lock``, ``masr.lock``), so a second
+``masr train`` needing it stops at once; a reused run is only read and never locked. Each run
+is seeded once, before its model is built (``masr.seed.set_seed``).
 
 This module imports torch only inside functions (the CLI imports the package for its options).
 """
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from masr.config import RunOptions
 from masr.errors import MasrError
+from masr.lock import locked
 from masr.runs.registry import (
     RunSpec,
     differences,
@@ -34,6 +37,9 @@ if TYPE_CHECKING:
     from masr.dataset import PreparedData
     from masr.models.base import Recommender
     from masr.train import TrainProgress
+
+#: held in ``runs/<run>/`` while the run is being made (``masr.lock``)
+RUN_LOCK = ".lock"
 
 
 @dataclass
@@ -84,25 +90,53 @@ def _make(
     progress: TrainProgress | None,
     log: Callable[[str], None],
 ) -> RunOutcome:
-    spec = run_spec(run)
     run_dir = runs_dir / run
     sig = signature(run, options, data.fingerprint)
-    info = read_run_json(run_dir)
-    finished = (
-        info is not None and info.get("status") == "finished" and (run_dir / "best.pt").is_file()
-    )
-    if finished and info is not None and info.get("signature") == sig and not target:
-        best = info.get("best", {})
-        log(f"{run}: reusing {run_dir} (same data and configuration)")
-        return RunOutcome(
-            run,
-            "reused",
-            best.get("epoch", 0),
-            best.get("valid", {}),
-            0.0,
-            best.get("valid_full", {}),
-        )
+    reused = None if target else _reused(run, run_dir, sig, log)
+    if reused is not None:  # only read: never locked, so concurrent chains can share it
+        return reused
+    with locked(run_dir / RUN_LOCK, "masr train"):
+        reused = None if target else _reused(run, run_dir, sig, log)  # made meanwhile?
+        if reused is not None:
+            return reused
+        info = read_run_json(run_dir)  # read again, under the lock
+        return _build(run, data, runs_dir, options, sig, info, device, resume, progress, log)
 
+
+def _reused(
+    run: str, run_dir: Path, sig: dict[str, Any], log: Callable[[str], None]
+) -> RunOutcome | None:
+    """The outcome of reusing run ``run`` when it finished with signature ``sig``, else None."""
+    info = read_run_json(run_dir)
+    if (
+        info is None
+        or info.get("status") != "finished"
+        or not (run_dir / "best.pt").is_file()
+        or info.get("signature") != sig
+    ):
+        return None
+    best = info.get("best", {})
+    log(f"{run}: reusing {run_dir} (same data and configuration)")
+    return RunOutcome(
+        run, "reused", best.get("epoch", 0), best.get("valid", {}), 0.0, best.get("valid_full", {})
+    )
+
+
+def _build(
+    run: str,
+    data: PreparedData,
+    runs_dir: Path,
+    options: RunOptions,
+    sig: dict[str, Any],
+    info: dict[str, Any] | None,
+    device: Any,
+    resume: bool,
+    progress: TrainProgress | None,
+    log: Callable[[str], None],
+) -> RunOutcome:
+    """Train, APR, fit or fuse run ``run`` (its lock held by ``_make``)."""
+    spec = run_spec(run)
+    run_dir = runs_dir / run
     if spec.procedure == "fuse":
         return _fuse(run, spec, data, runs_dir, options, sig, device, log)
 
@@ -145,7 +179,7 @@ def _make(
         log(f"{run}: resuming {run_dir} after epoch {resume_state['epoch']}")
     elif spec.procedure == "apr":
         start_dir = runs_dir / (spec.start_from or "")
-        model, ckpt = load_run(runs_dir, spec.start_from or "", data, device)
+        model, ckpt = _load_part(runs_dir, spec.start_from or "", data, options, device)
         log(f"{run}: APR from {start_dir / 'best.pt'} (epoch {ckpt.get('epoch')})")
     else:
         model = cls(
@@ -212,6 +246,21 @@ def _make(
         result.seconds,
         result.extra.get("best_valid_full", {}),
     )
+
+
+def _load_part(
+    runs_dir: Path, part: str, data: PreparedData, options: RunOptions, device: Any
+) -> tuple[Recommender, dict[str, Any]]:
+    """A run this plan made or reused a moment ago. Runs are locked only while made, not while
+    read, so another ``masr train`` may have made it again since, with other options: refused
+    rather than built upon."""
+    info = read_run_json(runs_dir / part) or {}
+    if info.get("signature") != signature(part, options, data.fingerprint):
+        raise MasrError(
+            f"{runs_dir / part}: made again by another masr train while this one ran, with "
+            "other options; run this one again"
+        )
+    return load_run(runs_dir, part, data, device)
 
 
 def _valid_metrics(
@@ -322,7 +371,7 @@ def _fuse(
     from masr.models import model_class
 
     started = time.perf_counter()
-    parts = [load_run(runs_dir, part, data, device)[0] for part in spec.parts]
+    parts = [_load_part(runs_dir, part, data, options, device)[0] for part in spec.parts]
     cls = model_class(spec.model)
     fused = cls.from_parts(*parts, alpha=options.alpha, parts=list(spec.parts))  # type: ignore[attr-defined]
     fused.to(device).eval()
