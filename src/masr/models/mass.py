@@ -192,12 +192,6 @@ class MASS(Recommender):
         # eq. 19: o = Σ_t α_t d²(q, s_t) + b_{s_k}
         return (alpha * d_out).sum(-1) + self.song_bias(songs).squeeze(-1)
 
-    def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
-        """(B, N) eq. 19 to songs shared by every row (sampled softmax): ``distance`` with the
-        songs as one (1, N) row, so the song-side halves of eqs. 12 and 16 (W_s s + b) are
-        computed once per song and broadcast against each row's user half."""
-        return self.distance(batch, songs.unsqueeze(0))
-
     def full_distance(self, batch: Batch, chunk: int = 256) -> Tensor:
         """(B, V) eq. 19 against every catalog song, in GEMM form.
 
@@ -249,10 +243,45 @@ class MASS(Recommender):
         (eq. 18). Padded slots get -inf attention logits and zero output terms, so they never
         change a score. The chunk loop depends on n_songs and ``chunk`` only (ONNX-traceable
         with dynamic G, R, L)."""
+        side = self._member_side(members, member_mask)
+        a_out, a_att = self._user_side(u, u_att)
+        out = []
+        for start in range(0, self.n_songs, chunk):
+            stop = min(start + chunk, self.n_songs)
+            out.append(
+                self._grouped_scores(
+                    side,
+                    a_out,
+                    a_att,
+                    self.song_emb.weight[start:stop],
+                    self.att_song_emb.weight[start:stop],
+                    self.song_bias.weight[start:stop],
+                )
+            )  # (G, Vc, R)
+        return torch.cat(out, dim=1).transpose(1, 2)  # (G, R, V)
+
+    def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
+        """(B, N) eq. 19 to songs shared by every row (sampled softmax's negatives).
+
+        Without dropout in training: the GEMM form of ``full_distance_grouped`` (one group per
+        row) on the N songs, through the embeddings so that gradients stay row-sparse. With
+        dropout in training: ``distance`` with the songs as one (1, N) row, which keeps the
+        dropout law of ``dropout_mode`` (the song halves of eqs. 12 and 16 computed once)."""
+        if self.training and self.config.dropout > 0:
+            return self.distance(batch, songs.unsqueeze(0))
+        side = self._member_side(batch.members.unsqueeze(1), batch.member_mask.unsqueeze(1))
+        a_out, a_att = self._user_side(self.user_emb(batch.users), self.att_user_emb(batch.users))
+        scores = self._grouped_scores(
+            side, a_out, a_att, self.song_emb(songs), self.att_song_emb(songs),
+            self.song_bias(songs),
+        )  # (B, N, 1)
+        return scores.squeeze(-1)
+
+    def _member_side(self, members: Tensor, member_mask: Tensor) -> dict[str, Tensor]:
+        """The member-song halves of eqs. 14-15 and 17, for (G, R, L) member slots: what does
+        not depend on the candidate song, computed once per batch."""
         n_groups, n_rows, n_slots = members.shape
         w_out, w_att = self.metric.square(), self.att_metric.square()  # (d,)
-        w1_u, w1_s = self._split(self.query)
-        w2_u, w2_s = self._split(self.att_query)
         flat = members.reshape(n_groups, n_rows * n_slots)  # (G, RL)
         real = member_mask.reshape(n_groups, 1, n_rows * n_slots)  # (G, 1, RL)
         has_member = member_mask.any(-1)  # (G, R)
@@ -261,37 +290,57 @@ class MASS(Recommender):
         m = self.song_emb(flat)  # (G, RL, d)
         m_att = self.att_song_emb(flat)  # (G, RL, d)
         zero = torch.zeros((), dtype=m.dtype, device=m.device)
-        # output side, zero at padded slots: B3²⊙s_t (G, d, RL) and |B3⊙s_t|² (G, 1, RL)
-        m_out_w = torch.where(real, (m * w_out).transpose(1, 2), zero)
-        m_out_norm = torch.where(real, (m.square() @ w_out).unsqueeze(1), zero)
-        # attention side: 2 B4²⊙s_t^(a) (G, d, RL) and |B4⊙s_t^(a)|², +inf at closed slots
-        m_att_w2 = (2.0 * m_att * w_att).transpose(1, 2)
         inf = torch.full((), float("inf"), dtype=m.dtype, device=m.device)
-        m_att_norm = torch.where(open_slot, (m_att.square() @ w_att).unsqueeze(1), inf)
-        a_out = F.linear(u, w1_u).unsqueeze(1)  # (G, 1, d)  W1_u u
-        a_att = F.linear(u_att, w2_u).unsqueeze(1)  # (G, 1, d)  W2_u u^(a)
-        has = has_member.to(m.dtype).unsqueeze(1)  # (G, 1, R)
-        out = []
-        for start in range(0, self.n_songs, chunk):
-            stop = min(start + chunk, self.n_songs)
-            n = stop - start
-            # eq. 16: q^(a) = ReLU(W2_u u^(a) + W2_s s^(a) + b2)           (G, Vc, d)
-            c_att = F.linear(self.att_song_emb.weight[start:stop], w2_s, self.att_query.bias)
-            q_att = (a_att + c_att).relu_()
-            # eqs. 17-18: -d²a_t + |B4⊙q^(a)|² = 2 (B4²⊙q^(a))·s_t^(a) - |B4⊙s_t^(a)|²
-            logits = torch.baddbmm(m_att_norm, q_att, m_att_w2, beta=-1.0)  # (G, Vc, RL)
-            alpha = torch.softmax(logits.view(n_groups, n, n_rows, n_slots), dim=-1)
-            # eq. 12: q = ReLU(W1_u u + W1_s s_k + b1)                       (G, Vc, d)
-            c_out = F.linear(self.song_emb.weight[start:stop], w1_s, self.query.bias)
-            q = (a_out + c_out).relu_()
-            # eqs. 14-15 without |B3⊙q|²: |B3⊙s_t|² - 2 (B3²⊙q)·s_t    (G, Vc, R, L)
-            terms = torch.baddbmm(m_out_norm, q, m_out_w, alpha=-2.0)
-            pooled = (alpha * terms.view(n_groups, n, n_rows, n_slots)).sum(-1)  # (G, Vc, R)
-            q_norm = (q * q) @ w_out  # (G, Vc)  |B3⊙q|²
-            bias = self.song_bias.weight[start:stop]  # (Vc, 1)  b_{s_k}
-            # eq. 19: o = Σ_t α_t d²_t + b_{s_k}
-            out.append(pooled + q_norm.unsqueeze(-1) * has + bias)  # (G, Vc, R)
-        return torch.cat(out, dim=1).transpose(1, 2)  # (G, R, V)
+        return {
+            # output side, zero at padded slots: B3²⊙s_t (G, d, RL) and |B3⊙s_t|² (G, 1, RL)
+            "out_w": torch.where(real, (m * w_out).transpose(1, 2), zero),
+            "out_norm": torch.where(real, (m.square() @ w_out).unsqueeze(1), zero),
+            # attention side: 2 B4²⊙s_t^(a) (G, d, RL) and |B4⊙s_t^(a)|², +inf at closed slots
+            "att_w2": (2.0 * m_att * w_att).transpose(1, 2),
+            "att_norm": torch.where(open_slot, (m_att.square() @ w_att).unsqueeze(1), inf),
+            "has": has_member.to(m.dtype).unsqueeze(1),  # (G, 1, R)
+            "shape": torch.tensor([n_rows, n_slots]),
+        }
+
+    def _user_side(self, u: Tensor, u_att: Tensor) -> tuple[Tensor, Tensor]:
+        """W1_u u and W2_u u^(a) of eqs. 12 and 16 for user vectors (G, d): (G, 1, d) each."""
+        w1_u, _ = self._split(self.query)
+        w2_u, _ = self._split(self.att_query)
+        return F.linear(u, w1_u).unsqueeze(1), F.linear(u_att, w2_u).unsqueeze(1)
+
+    def _grouped_scores(
+        self,
+        side: dict[str, Tensor],
+        a_out: Tensor,
+        a_att: Tensor,
+        s_out: Tensor,
+        s_att: Tensor,
+        bias: Tensor,
+    ) -> Tensor:
+        """(G, Vc, R) eq. 19 of Vc candidate songs (output vectors ``s_out``, attention vectors
+        ``s_att`` (Vc, d), biases (Vc, 1)) for the G groups of ``_member_side``.
+
+        Expanding eqs. 14-15, d²_t = |B3⊙q|² - 2 (B3²⊙q)·s_t + |B3⊙s_t|²; since Σ_t α_t = 1
+        the first term leaves the attention sum, and |B4⊙q^(a)|² is constant over t so it
+        cancels in the softmin (eq. 18). Padded slots get -inf attention logits and zero
+        output terms, so they never change a score."""
+        n_rows, n_slots = (int(x) for x in side["shape"])
+        n_groups, n = a_out.shape[0], s_out.shape[0]
+        _, w1_s = self._split(self.query)
+        _, w2_s = self._split(self.att_query)
+        # eq. 16: q^(a) = ReLU(W2_u u^(a) + W2_s s^(a) + b2)           (G, Vc, d)
+        q_att = (a_att + F.linear(s_att, w2_s, self.att_query.bias)).relu_()
+        # eqs. 17-18: -d²a_t + |B4⊙q^(a)|² = 2 (B4²⊙q^(a))·s_t^(a) - |B4⊙s_t^(a)|²
+        logits = torch.baddbmm(side["att_norm"], q_att, side["att_w2"], beta=-1.0)  # (G, Vc, RL)
+        alpha = torch.softmax(logits.view(n_groups, n, n_rows, n_slots), dim=-1)
+        # eq. 12: q = ReLU(W1_u u + W1_s s_k + b1)                       (G, Vc, d)
+        q = (a_out + F.linear(s_out, w1_s, self.query.bias)).relu_()
+        # eqs. 14-15 without |B3⊙q|²: |B3⊙s_t|² - 2 (B3²⊙q)·s_t    (G, Vc, R, L)
+        terms = torch.baddbmm(side["out_norm"], q, side["out_w"], alpha=-2.0)
+        pooled = (alpha * terms.view(n_groups, n, n_rows, n_slots)).sum(-1)  # (G, Vc, R)
+        q_norm = (q * q) @ self.metric.square()  # (G, Vc)  |B3⊙q|²
+        # eq. 19: o = Σ_t α_t d²_t + b_{s_k}
+        return pooled + q_norm.unsqueeze(-1) * side["has"] + bias  # (G, Vc, R)
 
     def export_weights(self) -> dict[str, Tensor]:
         """The tensors of eqs. 12-19 by name, detached (the export's only view of this model).
