@@ -1,0 +1,248 @@
+"""Training for whole-catalog ranking (issue 11): sampled softmax over shared negatives with the
+logQ correction, the negative samplers, selection by full-ranking validation, and the recipes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_sampling import make_data, playlist_sets
+from typer.testing import CliRunner
+
+from masr.config import RECIPES, AdversarialConfig, RunOptions, TrainConfig
+from masr.dataset import PreparedData
+from masr.models.base import Batch
+from masr.models.mass import MASS, MASSConfig
+from masr.models.mdr import MDR, MDRConfig
+from masr.sampling import (
+    NegativeSampler,
+    TrainingIndex,
+    context_batch,
+    is_training_pair,
+    members_among,
+)
+from masr.train import softmax_loss, train_model
+from masr_cli.main import app
+
+runner = CliRunner()
+FAST = ["--batch-size", "32", "--lr", "0.02", "--dim", "8", "--threads", "1"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _model(kind: str, data: PreparedData) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "mdr":
+        model = MDR(MDRConfig(dim=8, dropout=0.0, init_std=0.3), data.n_users,
+                    data.n_playlists, data.n_songs)
+    else:
+        model = MASS(MASSConfig(dim=8, dropout=0.0, init_std=0.3), data.n_users,
+                     data.n_playlists, data.n_songs)
+        torch.nn.init.normal_(model.query.weight, std=0.3)  # away from the [-I | I] start
+    torch.nn.init.normal_(model.song_bias.weight)
+    return model.train()
+
+
+@pytest.mark.parametrize("kind", ["mdr", "mass"])
+def test_every_song_once_without_correction_is_the_full_softmax(
+    planted: PreparedData, kind: str
+) -> None:
+    """With the whole catalog as the shared negatives and no logQ, sampled softmax is the full
+    cross-entropy over the songs outside the playlist (float64 loop as the reference)."""
+    model = _model(kind, planted).double()
+    index = TrainingIndex.from_data(planted)
+    rows = torch.arange(0, index.n_rows, 7)  # (B,)
+    playlists = index.playlist[rows]
+    batch = context_batch(index, playlists, uses_members=model.uses_members)
+    positives = index.song[rows]
+    everything = torch.arange(planted.n_songs)
+    is_member = members_among(index, playlists, everything)
+    got = softmax_loss(model, batch, positives, everything, None, is_member, 0.5)
+    with torch.no_grad():
+        d = model.distance(batch, everything.expand(rows.shape[0], -1))  # (B, V)
+    want = []
+    for i in range(rows.shape[0]):
+        own = set(index.song[index.indptr[playlists[i]] : index.indptr[playlists[i] + 1]].tolist())
+        pos = int(positives[i])
+        logits = [-float(d[i, pos]) / 0.5] + [
+            -float(d[i, v]) / 0.5 for v in range(planted.n_songs) if v not in own
+        ]
+        want.append(-logits[0] + math.log(sum(math.exp(x) for x in logits)))
+    assert float(got.detach()) == pytest.approx(float(np.mean(want)), rel=1e-9)
+
+
+class _Index:
+    """The three fields NegativeSampler reads, for a hand-made song popularity."""
+
+    def __init__(self, song: torch.Tensor, n_songs: int):
+        self.song, self.n_songs, self.device = song, n_songs, torch.device("cpu")
+
+
+@pytest.mark.parametrize("mode", ["uniform", "popularity", "mixed"])
+def test_logq_corrected_partition_estimate_is_unbiased(mode: str) -> None:
+    """Σ_j exp(l_j - log E[count_j]) over n draws estimates Σ_v exp(l_v) without bias."""
+    counts = torch.tensor([50, 20, 10, 10, 5, 3, 1, 1])
+    sampler = NegativeSampler(_Index(torch.repeat_interleave(torch.arange(8), counts), 8), mode)
+    logits = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0, -0.5, 1.5, 0.3], dtype=torch.float64)
+    exact = float(logits.exp().sum())
+    gen = torch.Generator().manual_seed(0)
+    n, draws = 4, 40_000
+    total = 0.0
+    for _ in range(draws // 1000):  # 1000 independent draws of n songs at a time
+        songs = torch.stack([sampler.draw(n, gen) for _ in range(1000)])  # (1000, n)
+        log_e = sampler.log_expected(songs, n).double()
+        total += float((logits[songs] - log_e).exp().sum(1).sum())
+    assert total / draws == pytest.approx(exact, rel=0.02)
+
+
+def test_popularity_and_mixed_frequencies() -> None:
+    counts = torch.tensor([60, 25, 10, 4, 1, 0])
+    sampler = NegativeSampler(_Index(torch.repeat_interleave(torch.arange(6), counts), 6),
+                              "popularity")
+    gen = torch.Generator().manual_seed(1)
+    songs = sampler.draw(200_000, gen)
+    freq = torch.bincount(songs, minlength=6).double() / songs.numel()
+    assert torch.allclose(freq, counts.double() / counts.sum(), atol=0.004)
+    mixed = NegativeSampler(sampler.index, "mixed")
+    songs = mixed.draw(200_000, gen)
+    freq = torch.bincount(songs, minlength=6).double() / songs.numel()
+    want = 0.5 / 6 + 0.5 * counts.double() / counts.sum()
+    assert torch.allclose(freq, want, atol=0.004)
+    expected = mixed.log_expected(torch.arange(6), 2).exp().double()  # per 2 draws: 1 + 1
+    assert torch.allclose(expected / 2, want, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(playlist_sets, st.integers(0, 2**31 - 1))
+def test_members_among_and_per_row_draws(case: tuple[int, list[list[int]]], seed: int) -> None:
+    n_songs, playlists = case
+    index = TrainingIndex.from_data(make_data(playlists, n_songs))
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, len(playlists), (12,), generator=gen)
+    songs = torch.randint(0, n_songs, (20,), generator=gen)
+    want = is_training_pair(index, rows.unsqueeze(1), songs.unsqueeze(0))
+    assert torch.equal(members_among(index, rows, songs), want)
+    for mode in ("popularity", "mixed"):
+        negs = NegativeSampler(index, mode).draw_per_row(rows, 5, gen)  # (12, 5)
+        assert not is_training_pair(index, rows.unsqueeze(1), negs).any()
+
+
+@pytest.mark.parametrize("select", ["sampled", "full"])
+def test_select_picks_the_best_epoch_of_its_protocol(planted: PreparedData, select: str) -> None:
+    model = _model("mdr", planted)
+    config = TrainConfig(epochs=6, batch_size=32, lr=0.05, patience=0, loss="softmax", neg=16,
+                         select=select, valid_sample=0)
+    result = train_model(model, planted, config)
+    key = "valid_full" if select == "full" else "valid"
+    scores = [(h[key]["hit@10"], h[key]["ndcg@10"]) for h in result.history]
+    assert result.best_epoch == 1 + scores.index(max(scores))  # first of the best
+    assert all("valid_full" in h and "valid" in h for h in result.history)
+
+
+def test_softmax_learns_and_apr_runs_on_it(planted: PreparedData) -> None:
+    from masr.evaluate import evaluate_model
+
+    model = _model("mass", planted)
+    config = TrainConfig(epochs=8, batch_size=32, lr=0.02, loss="softmax", neg=24,
+                         neg_sampler="mixed", temperature=0.5, valid_sample=0)
+    first = train_model(model, planted, config)
+    assert first.history[-1]["loss"] < first.history[0]["loss"]
+    full = evaluate_model(model, planted, "valid")["full"]["hit@10"]
+    assert full > 0.5  # 12 songs a group: a learned model ranks the held-out song in its top 10
+    adv = train_model(model, planted, TrainConfig(**{**config.to_dict(), "epochs": 2}),
+                      adversarial=AdversarialConfig(epochs=2))
+    assert len(adv.history) == 2 and all(math.isfinite(h["loss"]) for h in adv.history)
+
+
+def test_shared_distance_equals_distance_for_every_model(planted: PreparedData) -> None:
+    from masr.models import BASELINES, model_class
+
+    index = TrainingIndex.from_data(planted)
+    playlists = torch.arange(0, planted.n_playlists, 5)
+    songs = torch.randint(0, planted.n_songs, (9,), generator=torch.Generator().manual_seed(0))
+    for name in ["mdr", "mass", *BASELINES]:
+        cls = model_class(name)
+        if not cls.trainable:
+            continue
+        torch.manual_seed(0)
+        model = cls(cls.config_class(), planted.n_users, planted.n_playlists, planted.n_songs)
+        model.eval()
+        batch: Batch = context_batch(index, playlists, uses_members=model.uses_members)
+        with torch.no_grad():
+            shared = model.distance_shared(batch, songs)
+            plain = model.distance(batch, songs.expand(playlists.shape[0], -1))
+        assert torch.allclose(shared, plain, atol=1e-5), name
+
+
+def _train(args: list[str]) -> None:
+    result = runner.invoke(app, ["train", *args])
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+
+
+def test_new_options_round_trip_through_resume(tmp_path: Path) -> None:
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    args = ["--model", "mdr", "--data", str(data), "--runs", str(tmp_path / "runs")]
+    chosen = ["--loss", "softmax", "--neg", "16", "--neg-sampler", "popularity",
+              "--temperature", "0.5", "--select", "full", "--valid-sample", "30"]
+    _train([*args, *FAST, *chosen, "--epochs", "2"])
+    _train([*args, "--epochs", "3", "--resume"])
+    info = json.loads((tmp_path / "runs" / "mdr" / "run.json").read_text())
+    train = info["train_config"]
+    assert (train["loss"], train["neg"], train["neg_sampler"]) == ("softmax", 16, "popularity")
+    assert (train["temperature"], train["select"], train["valid_sample"]) == (0.5, "full", 30)
+    assert [h["epoch"] for h in info["history"]] == [1, 2, 3]
+    assert "valid_full" in info["best"] and info["best"]["valid_full"]["hit@10"] > 0
+
+
+def test_recipe_paper_is_the_old_default(tmp_path: Path) -> None:
+    """`--recipe paper` trains what `masr train` trained before the recipes existed: the
+    paper's loss and negatives, the configs' plain defaults, the same history."""
+    assert RECIPES["paper"] == {}
+    paper = RunOptions().with_recipe("paper", set())
+    assert paper.train == TrainConfig() and paper.adversarial == AdversarialConfig()
+    t = paper.train
+    assert (t.loss, t.neg, t.neg_mode, t.neg_sampler, t.select) == (
+        "bpr", 4, "hardest", "uniform", "sampled"
+    )
+    assert (t.lr, t.batch_size, t.epochs, t.patience) == (1e-3, 1024, 50, 5)
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    old_flags = ["--loss", "bpr", "--neg", "4", "--neg-mode", "hardest", "--neg-sampler",
+                 "uniform", "--select", "sampled"]
+    histories = []
+    for name, extra in (("recipe", ["--recipe", "paper"]), ("flags", old_flags)):
+        runs = tmp_path / name
+        _train(["--model", "mass", "--data", str(data), "--runs", str(runs), *FAST,
+                "--epochs", "2", *extra])
+        info = json.loads((runs / "mass" / "run.json").read_text())
+        histories.append(([h["loss"] for h in info["history"]], info["train_config"],
+                          info["model_config"]))
+    assert histories[0] == histories[1]
+
+
+def test_recipe_fills_only_what_is_not_given() -> None:
+    fullrank = RunOptions(train=TrainConfig(neg=64), model={"dim": None}).with_recipe(
+        "fullrank", {"neg"}
+    )
+    assert fullrank.train.neg == 64 and fullrank.train.loss == "softmax"
+    assert fullrank.recipe == "fullrank"
+    for key, value in RECIPES["fullrank"]["train"].items():
+        if key != "neg":
+            assert getattr(fullrank.train, key) == value
+    kept = RunOptions(model={"dropout": 0.3}).with_recipe("fullrank", set())  # --set wins
+    assert kept.model["dropout"] == 0.3
