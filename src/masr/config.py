@@ -10,7 +10,9 @@ exists and no caller has to remember to validate it. Check messages name the CLI
 * ``RunOptions``: everything ``masr train`` decides for the runs of a plan, with the merge
   that ``--resume`` uses;
 * ``ALPHA`` / ``check_alpha``: the fusion weight of eq. 20, for training, the models and export;
-* ``EXPORT_CHUNK``: catalog songs per step of the exported graph's MASS loop.
+* ``EXPORT_CHUNK``: catalog songs per step of the exported graph's MASS loop;
+* ``Columns``, ``ExportConfig``, ``ScoreConfig``: the input's id columns, ``masr export`` and
+  ``masr score``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 from masr.errors import MasrError
@@ -33,6 +36,12 @@ DEVICES = ("auto", "cpu", "cuda")
 SPLITS = ("test", "valid")  # held-out splits of a prepared dataset
 PROTOCOLS = ("sampled", "full")  # evaluation protocols
 
+#: runs ``masr export`` can export: the fusions, or one part
+EXPORT_KINDS = ("amasr", "masr", "mdr", "mass", "amdr", "amass")
+#: the exported MDR user term of a user the model never saw: the mean user vector of the
+#: playlist's known songs' listeners ("members"), or no user term ("drop")
+UNKNOWN_USER_MODES = ("members", "drop")
+
 #: eq. 20's weight of MDR in the MASR / AMASR fusion (MASS gets 1 - ALPHA): the paper's 0.5
 ALPHA = 0.5
 #: catalog songs per step of the exported graph's MASS loop: cache-sized, the fastest measured
@@ -44,7 +53,7 @@ def check_alpha(alpha: float) -> float:
     """``alpha`` as a float in [0, 1], else the one error line every user of α raises."""
     if not 0.0 <= float(alpha) <= 1.0:
         raise MasrError(
-            f"--alpha: {alpha} is outside [0, 1] (eq. 20 weights MDR by α, MASS by 1-α)"
+            f"--alpha {alpha}: must be between 0 and 1 (eq. 20 weights MDR by α, MASS by 1-α)"
         )
     return float(alpha)
 
@@ -300,3 +309,64 @@ class RunOptions:
             model=model,
             **sections[""],
         )
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Names of the id columns in the input (``--user-col`` ...)."""
+
+    user: str = "user_id"
+    playlist: str = "playlist_id"
+    track: str = "track_id"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"user": self.user, "playlist": self.playlist, "track": self.track}
+
+
+@dataclass
+class ExportConfig:
+    """What ``masr export`` builds (the CLI fills it from its options)."""
+
+    model: str | None = None  # one of EXPORT_KINDS; None: amasr when its parts exist, else masr
+    alpha: float | None = None  # eq. 20's MDR weight; None: the fusion run's, else ALPHA
+    chunk: int = EXPORT_CHUNK  # catalog songs per MASS step of the graph
+    unknown_user: str = "members"  # MDR user term of an unknown user: UNKNOWN_USER_MODES
+    data: Path | None = None  # prepared data for the id maps; None: found through run.json
+
+    def validate(self) -> None:
+        """Checked by ``export_model`` (the one consumer), not when made."""
+        if self.model is not None and self.model not in EXPORT_KINDS:
+            raise MasrError(f"--model {self.model}: choose one of {_list(EXPORT_KINDS)}")
+        if self.alpha is not None:
+            check_alpha(self.alpha)
+        if self.chunk < 1:
+            raise MasrError(f"--chunk {self.chunk}: must be >= 1")
+        if self.unknown_user not in UNKNOWN_USER_MODES:
+            raise MasrError(
+                f"unknown_user {self.unknown_user!r}: choose one of {UNKNOWN_USER_MODES}"
+            )
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """Options of ``masr score`` (the CLI fills it)."""
+
+    k: int = 10  # songs per playlist
+    batch_size: int | None = None  # playlists per ONNX Runtime call; None: 16 on CPU, 512 on CUDA
+    device: str = "auto"  # "auto" (CUDA when it really works, else CPU), "cpu" or "cuda"
+    columns: Columns = field(default_factory=Columns)
+    read_rows: int = 200_000  # input rows per read chunk
+    workers: int | None = None  # concurrent ONNX Runtime calls on CPU; None: one per CPU core
+
+    def validate(self) -> None:
+        """Checked by ``score_file`` (the one consumer), not when made."""
+        if self.k < 1:
+            raise MasrError(f"--k {self.k}: must be >= 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise MasrError(f"--batch-size {self.batch_size}: must be >= 1")
+        if self.device not in DEVICES:
+            raise MasrError(f"--device {self.device}: choose one of {_list(DEVICES)}")
+        if self.read_rows < 1:
+            raise MasrError(f"read_rows {self.read_rows}: must be >= 1")
+        if self.workers is not None and self.workers < 1:
+            raise MasrError(f"workers {self.workers}: must be >= 1")

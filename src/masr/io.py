@@ -16,6 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
+from masr.config import Columns
 from masr.errors import MasrError
 
 #: Extra song columns kept in songs.parquet when the input has them.
@@ -25,18 +26,6 @@ POSITION = "position"
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _PARQUET_MAGIC = b"PAR1"
-
-
-@dataclass(frozen=True)
-class Columns:
-    """Names of the id columns in the input (``--user-col`` ...)."""
-
-    user: str = "user_id"
-    playlist: str = "playlist_id"
-    track: str = "track_id"
-
-    def as_dict(self) -> dict[str, str]:
-        return {"user": self.user, "playlist": self.playlist, "track": self.track}
 
 
 @dataclass

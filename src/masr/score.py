@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,6 +38,7 @@ import numpy as np
 import polars as pl
 
 from masr.atomic import atomic_file
+from masr.config import ScoreConfig
 from masr.errors import MasrError
 from masr.io import Columns, check_file, detect_format, id_columns, one_line, scan
 from masr.onnx_format import (
@@ -50,34 +51,9 @@ from masr.onnx_format import (
     sidecar,
 )
 
-DEVICES = ("auto", "cpu", "cuda")
 #: Floats in one of the graph's largest tensors (grid x chunk, ``plan_batches``) per call: 1 GiB.
 MAX_GRID_FLOATS = 1 << 28
 HEADER = b"playlist_id,rank,track_id,score\n"
-
-
-@dataclass(frozen=True)
-class ScoreConfig:
-    """Options of ``masr score`` (the CLI fills it)."""
-
-    k: int = 10  # songs per playlist
-    batch_size: int | None = None  # playlists per ONNX Runtime call; None: 16 on CPU, 512 on CUDA
-    device: str = "auto"  # "auto" (CUDA when it really works, else CPU), "cpu" or "cuda"
-    columns: Columns = field(default_factory=Columns)
-    read_rows: int = 200_000  # input rows per read chunk
-    workers: int | None = None  # concurrent ONNX Runtime calls on CPU; None: one per CPU core
-
-    def validate(self) -> None:
-        if self.k < 1:
-            raise MasrError(f"--k {self.k}: must be >= 1")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise MasrError(f"--batch-size {self.batch_size}: must be >= 1")
-        if self.device not in DEVICES:
-            raise MasrError(f"--device {self.device}: choose one of {', '.join(DEVICES)}")
-        if self.read_rows < 1:
-            raise MasrError(f"read_rows {self.read_rows}: must be >= 1")
-        if self.workers is not None and self.workers < 1:
-            raise MasrError(f"workers {self.workers}: must be >= 1")
 
 
 @dataclass

@@ -45,10 +45,11 @@ import onnx
 
 from masr import __version__
 from masr.atomic import atomic_file, atomic_path
+from masr.config import EXPORT_KINDS as KINDS
+from masr.config import UNKNOWN_USER_MODES, ExportConfig
 from masr.errors import MasrError
-from masr.export.graph import UNKNOWN_USER_MODES, build_graph
+from masr.export.graph import build_graph
 from masr.export.sources import (
-    KINDS,
     Source,
     load_sources,
     locate_data,
@@ -68,29 +69,6 @@ from masr.onnx_format import (
     sha256_file,
     sidecar,
 )
-
-
-@dataclass
-class ExportConfig:
-    """What ``masr export`` builds (the CLI fills it from its options)."""
-
-    model: str | None = None  # one of KINDS; None: amasr when its parts exist, else masr
-    alpha: float | None = None  # eq. 20's MDR weight; None: the fusion run's, else 0.5
-    chunk: int = 256  # catalog songs per MASS step: cache-sized (fastest measured on CPU)
-    unknown_user: str = "members"  # MDR user term of an unknown user: "members" or "drop"
-    data: Path | None = None  # prepared data for the id maps; None: found through run.json
-
-    def validate(self) -> None:
-        if self.model is not None and self.model not in KINDS:
-            raise MasrError(f"--model {self.model}: choose one of {', '.join(KINDS)}")
-        if self.alpha is not None and not (0.0 <= self.alpha <= 1.0):
-            raise MasrError(f"--alpha {self.alpha}: must be between 0 and 1")
-        if self.chunk < 1:
-            raise MasrError(f"--chunk {self.chunk}: must be >= 1")
-        if self.unknown_user not in UNKNOWN_USER_MODES:
-            raise MasrError(
-                f"unknown_user {self.unknown_user!r}: choose one of {UNKNOWN_USER_MODES}"
-            )
 
 
 @dataclass

@@ -32,7 +32,6 @@ from masr.export.weights import MASSWeights, MDRWeights
 from masr.onnx_format import INPUTS, IR_VERSION, OPSET, OUTPUTS
 
 #: How an unknown user enters eq. 11: the mean of the playlist's members, or not at all.
-UNKNOWN_USER_MODES = ("members", "drop")
 
 
 def build_graph(

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from masr.models.base import Recommender
 
 #: --model choices: the fusions first, then single parts.
-KINDS = ("amasr", "masr", "mdr", "mass", "amdr", "amass")
 #: What each kind is made of: (MDR-like run, MASS-like run, fusion run).
 _KIND_RUNS: dict[str, tuple[str | None, str | None, str | None]] = {
     "amasr": ("amdr", "amass", "amasr"),

@@ -299,7 +299,6 @@ class MASS(Recommender):
             "att_w2": (2.0 * m_att * w_att).transpose(1, 2),
             "att_norm": torch.where(open_slot, (m_att.square() @ w_att).unsqueeze(1), inf),
             "has": has_member.to(m.dtype).unsqueeze(1),  # (G, 1, R)
-            "shape": torch.tensor([n_rows, n_slots]),
         }
 
     def _user_side(self, u: Tensor, u_att: Tensor) -> tuple[Tensor, Tensor]:
@@ -324,20 +323,19 @@ class MASS(Recommender):
         the first term leaves the attention sum, and |B4⊙q^(a)|² is constant over t so it
         cancels in the softmin (eq. 18). Padded slots get -inf attention logits and zero
         output terms, so they never change a score."""
-        n_rows, n_slots = (int(x) for x in side["shape"])
-        n_groups, n = a_out.shape[0], s_out.shape[0]
+        n_groups, n, n_rows = a_out.shape[0], s_out.shape[0], side["has"].shape[-1]
         _, w1_s = self._split(self.query)
         _, w2_s = self._split(self.att_query)
         # eq. 16: q^(a) = ReLU(W2_u u^(a) + W2_s s^(a) + b2)           (G, Vc, d)
         q_att = (a_att + F.linear(s_att, w2_s, self.att_query.bias)).relu_()
         # eqs. 17-18: -d²a_t + |B4⊙q^(a)|² = 2 (B4²⊙q^(a))·s_t^(a) - |B4⊙s_t^(a)|²
         logits = torch.baddbmm(side["att_norm"], q_att, side["att_w2"], beta=-1.0)  # (G, Vc, RL)
-        alpha = torch.softmax(logits.view(n_groups, n, n_rows, n_slots), dim=-1)
+        alpha = torch.softmax(logits.view(n_groups, n, n_rows, -1), dim=-1)  # (G, Vc, R, L)
         # eq. 12: q = ReLU(W1_u u + W1_s s_k + b1)                       (G, Vc, d)
         q = (a_out + F.linear(s_out, w1_s, self.query.bias)).relu_()
         # eqs. 14-15 without |B3⊙q|²: |B3⊙s_t|² - 2 (B3²⊙q)·s_t    (G, Vc, R, L)
         terms = torch.baddbmm(side["out_norm"], q, side["out_w"], alpha=-2.0)
-        pooled = (alpha * terms.view(n_groups, n, n_rows, n_slots)).sum(-1)  # (G, Vc, R)
+        pooled = (alpha * terms.view(n_groups, n, n_rows, -1)).sum(-1)  # (G, Vc, R)
         q_norm = (q * q) @ self.metric.square()  # (G, Vc)  |B3⊙q|²
         # eq. 19: o = Σ_t α_t d²_t + b_{s_k}
         return pooled + q_norm.unsqueeze(-1) * side["has"] + bias  # (G, Vc, R)
