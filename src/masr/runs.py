@@ -148,6 +148,11 @@ RUNS: dict[str, RunSpec] = {
     "mfbpr": RunSpec("mfbpr"),
     "cml": RunSpec("cml"),
     "fism": RunSpec("fism"),
+    "neumf": RunSpec("neumf"),
+    "cmn": RunSpec("cmn"),
+    "prme": RunSpec("prme"),
+    "transrec": RunSpec("transrec"),
+    "caser": RunSpec("caser"),
 }
 
 
