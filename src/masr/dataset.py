@@ -55,12 +55,25 @@ class PreparedData:
     )  # (P+1,) int64 CSR offsets: playlist p's songs are train_song[indptr[p]:indptr[p+1]]
     valid: Cases
     test: Cases
+    #: (N,) int64 rank of each training row in its playlist's *sequence* (0 = first song), aligned
+    #: with ``train_song``: ``position`` order when train.parquet has it, else the file's row
+    #: order (prep writes the input's row order then). None: no order known (song order is used).
+    train_rank: np.ndarray | None = None
     _tables: dict = field(default_factory=dict, repr=False)
 
     @property
     def train_user(self) -> np.ndarray:
         """(N,) int64 user of each training interaction."""
         return self.playlist_user[self.train_playlist]
+
+    @property
+    def sequence_source(self) -> str:
+        """Where the song order of the sequential baselines comes from (stated in the manifest
+        by ``masr prep``; older prepared data: ``position`` when train.parquet has it)."""
+        if "sequence" in self.manifest:
+            return str(self.manifest["sequence"])
+        columns = pl.read_parquet_schema(self.path / "train.parquet")
+        return "position" if "position" in columns else "song index"
 
     @property
     def fingerprint(self) -> str:
@@ -127,6 +140,10 @@ def load_prepared(path: str | Path) -> PreparedData:
             path / "playlists.parquet", columns=["playlist_idx", "user_idx"]
         )
         train = pl.read_parquet(path / "train.parquet", columns=["playlist_idx", "song_idx"])
+        # the file lists each playlist's songs in sequence order (docs/design.md)
+        train = train.with_row_index("_row").with_columns(
+            (pl.col("_row").rank("ordinal").over("playlist_idx") - 1).alias("_rank")
+        )
         valid = pl.read_parquet(
             path / "valid.parquet", columns=["playlist_idx", "song_idx", "negatives"]
         )
@@ -157,4 +174,5 @@ def load_prepared(path: str | Path) -> PreparedData:
         indptr=indptr,
         valid=_cases(valid, playlist_user),
         test=_cases(test, playlist_user),
+        train_rank=train["_rank"].to_numpy().astype(np.int64),
     )

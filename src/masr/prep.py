@@ -502,6 +502,7 @@ def _prepare(
         "columns": columns.as_dict(),
         "duplicates_dropped": duplicates,
         "playlists_with_several_users": enc.shared_playlists,
+        "sequence": "position" if position is not None else "input order",
         "stats": stats,
         "masr_version": _version(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -535,9 +536,14 @@ def _prepare(
                 "song_idx": song[train].astype(np.int32),
             }
         )
+        # each playlist's songs in sequence order (the sequential baselines read it): by
+        # position when the input has it, else in the input's row order
         if position is not None:
             tr = tr.with_columns(position.filter(pl.Series(train)).alias(POSITION))
             tr = tr.sort(["playlist_idx", POSITION], nulls_last=True, maintain_order=True)
+        else:
+            tr = tr.with_columns(pl.Series("_row", rows[train])).sort(["playlist_idx", "_row"])
+            tr = tr.drop("_row")
         _write(tr, tmp / "train.parquet")
         # negatives, drawn per split in chunks (bounded memory) from one seeded stream
         rng = np.random.default_rng([config.seed, 1])

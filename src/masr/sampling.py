@@ -14,7 +14,7 @@ playlist, then song), so sampling runs where training runs and never loops per e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -37,6 +37,10 @@ class TrainingIndex:
     playlist_user: Tensor  # (P,) long
     n_songs: int
     max_length: int  # longest training playlist
+    seq_rank: Tensor  # (N,) long rank of each row in its playlist's sequence (0 = first song)
+    seq_song: Tensor  # (N,) long songs in sequence order: seq_song[indptr[p] + k] = k-th song
+    #: lazily built lookups (neighbourhoods), keyed by what they hold
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_data(cls, data: PreparedData, device: torch.device | str = "cpu") -> TrainingIndex:
@@ -55,6 +59,12 @@ class TrainingIndex:
             )
         rank = torch.arange(playlist.numel(), device=device) - indptr[playlist]  # (N,)
         playlist_user = torch.as_tensor(data.playlist_user, dtype=torch.long, device=device)
+        if data.train_rank is not None:
+            seq_rank = torch.as_tensor(data.train_rank, dtype=torch.long, device=device)
+        else:
+            seq_rank = rank  # no order known: song index order
+        seq_song = torch.empty_like(song)
+        seq_song[indptr[playlist] + seq_rank] = song
         return cls(
             user=playlist_user[playlist],
             playlist=playlist,
@@ -65,6 +75,8 @@ class TrainingIndex:
             playlist_user=playlist_user,
             n_songs=v,
             max_length=int(lengths.max()),
+            seq_rank=seq_rank,
+            seq_song=seq_song,
         )
 
     @property
@@ -274,7 +286,14 @@ def training_batch(
     else:
         members = torch.zeros((rows.shape[0], 1), dtype=torch.long, device=index.device)
         mask = torch.zeros((rows.shape[0], 1), dtype=torch.bool, device=index.device)
-    return Batch(users=index.user[rows], playlists=playlists, members=members, member_mask=mask)
+    return Batch(
+        users=index.user[rows],
+        playlists=playlists,
+        members=members,
+        member_mask=mask,
+        source=index,
+        rows=rows,
+    )
 
 
 def context_batch(
@@ -292,4 +311,42 @@ def context_batch(
         playlists=playlists,
         members=members,
         member_mask=mask,
+        source=index,
     )
+
+
+def previous_songs(batch: Batch, width: int) -> tuple[Tensor, Tensor]:
+    """The ``width`` songs before each row in its playlist's sequence (the sequential baselines'
+    input): for a training row (``batch.rows``) the training songs that precede it; for a whole
+    playlist (scoring, ``rows`` None) its last training songs. Returns ``songs`` (B, W), most
+    recent in the last slot, and ``mask`` (B, W), False in the left padding (song 0)."""
+    index = batch.source
+    if index is None:
+        raise MasrError("this model reads song order: build its batches with masr.sampling")
+    start = index.indptr[batch.playlists]  # (B,)
+    if batch.rows is not None:
+        end = index.seq_rank[batch.rows]  # (B,) songs before the row
+    else:
+        end = index.lengths(batch.playlists)  # (B,) the whole playlist
+    back = torch.arange(width, 0, -1, device=index.device)  # (W,) width .. 1
+    rank = end.unsqueeze(1) - back  # (B, W) sequence rank of each slot
+    mask = rank >= 0
+    flat = (start.unsqueeze(1) + rank.clamp_min(0)).clamp_(max=index.n_rows - 1)
+    songs = torch.where(mask, index.seq_song[flat], torch.zeros_like(flat))
+    return songs, mask
+
+
+def song_holders(index: TrainingIndex, entity: str) -> tuple[Tensor, Tensor]:
+    """Who holds each song in training, as CSR: ``indptr`` (V+1,) and ``holders`` (H,) of
+    playlists (``entity="playlist"``) or distinct users (``"user"``), ascending per song.
+    Built once per index and cached."""
+    key = ("holders", entity)
+    if key not in index.cache:
+        who = index.playlist if entity == "playlist" else index.user  # (N,)
+        pairs = torch.unique(index.song * (int(who.max()) + 1) + who)  # sorted, distinct
+        song, holder = pairs // (int(who.max()) + 1), pairs % (int(who.max()) + 1)
+        counts = torch.bincount(song, minlength=index.n_songs)
+        indptr = torch.zeros(index.n_songs + 1, dtype=torch.long, device=index.device)
+        torch.cumsum(counts, 0, out=indptr[1:])
+        index.cache[key] = (indptr, holder)
+    return index.cache[key]

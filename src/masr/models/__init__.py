@@ -26,6 +26,12 @@ BASELINES = {
     "cml": "masr.models.cml:CML",
     "fism": "masr.models.fism:FISM",
     "als": "masr.models.als:ALS",
+    # the paper's other baselines (issue 12)
+    "neumf": "masr.models.neumf:NeuMF",
+    "cmn": "masr.models.cmn:CMN",
+    "prme": "masr.models.prme:PRME",
+    "transrec": "masr.models.transrec:TransRec",
+    "caser": "masr.models.caser:Caser",
 }
 REGISTRY = {**PAPER_MODELS, **BASELINES}
 

@@ -17,16 +17,24 @@ from torch import Tensor, nn
 
 if TYPE_CHECKING:
     from masr.dataset import PreparedData
+    from masr.sampling import TrainingIndex
 
 
 @dataclass
 class Batch:
-    """Who the songs are for. Shapes: B rows, L member slots."""
+    """Who the songs are for. Shapes: B rows, L member slots.
+
+    ``source`` and ``rows`` are optional context for the models that read more than the member
+    set (the sequential baselines' previous songs, CMN's neighbourhoods): the training index the
+    batch was built from and, for training batches, the training row of each batch row (None
+    when whole playlists are scored). ``masr.sampling`` fills them; other models ignore them."""
 
     users: Tensor  # (B,) long user index
     playlists: Tensor  # (B,) long playlist index
     members: Tensor  # (B, L) long member songs; padded slots hold any valid index (0)
     member_mask: Tensor  # (B, L) bool, True where the slot is a real member
+    source: TrainingIndex | None = None  # the training interactions (on their own device)
+    rows: Tensor | None = None  # (B,) long training row of each batch row; None: scoring
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch(
@@ -34,6 +42,8 @@ class Batch:
             self.playlists.to(device),
             self.members.to(device),
             self.member_mask.to(device),
+            self.source,
+            None if self.rows is None else self.rows.to(device),
         )
 
 
