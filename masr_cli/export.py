@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from masr_cli._common import console
+from masr.config import EXPORT_CHUNK, EXPORT_KINDS
+from masr_cli._common import choices, console
 
 NAME = "export"
 
 
-class Kind(str, enum.Enum):
-    amasr = "amasr"
-    masr = "masr"
-    mdr = "mdr"
-    mass = "mass"
-    amdr = "amdr"
-    amass = "amass"
+Kind = choices("Kind", EXPORT_KINDS)
 
 
 def command(
@@ -69,7 +63,7 @@ def command(
             "(any value >= its size, e.g. 65536: 3.3x faster on an H200). Scores do not "
             "depend on it.",
         ),
-    ] = 256,
+    ] = EXPORT_CHUNK,
 ) -> None:
     """Export the trained model to one ONNX file for `masr score` (ONNX Runtime, no torch).
 

@@ -45,8 +45,8 @@ import onnx
 
 from masr import __version__
 from masr.atomic import atomic_file, atomic_path
+from masr.config import ALPHA, UNKNOWN_USER_MODES, ExportConfig
 from masr.config import EXPORT_KINDS as KINDS
-from masr.config import UNKNOWN_USER_MODES, ExportConfig
 from masr.errors import MasrError
 from masr.export.graph import build_graph
 from masr.export.sources import (
@@ -99,7 +99,7 @@ def export_model(
     say(f"exporting {kind} from {', '.join(str(s.path) for s in sources)}")
     mdr, mass, fused_alpha, described, fingerprint = load_sources(sources)
     if mdr is not None and mass is not None:
-        alpha = next(a for a in (config.alpha, fused_alpha, 0.5) if a is not None)
+        alpha = next(a for a in (config.alpha, fused_alpha, ALPHA) if a is not None)
     elif config.alpha is not None:
         raise MasrError(f"--alpha: {kind} is one part; α weights the parts of amasr/masr only")
     else:

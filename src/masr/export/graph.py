@@ -26,6 +26,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from masr import __version__
+from masr.config import EXPORT_CHUNK
 from masr.export.mass_graph import mass_distance
 from masr.export.onnx_builder import Graph, f32
 from masr.export.weights import MASSWeights, MDRWeights
@@ -42,7 +43,7 @@ def build_graph(
     n_users: int,
     n_playlists: int,
     n_songs: int,
-    chunk: int = 256,
+    chunk: int = EXPORT_CHUNK,
     unknown_user: str = "members",
 ) -> onnx.ModelProto:
     """The scoring graph (``masr.export``'s docstring) for the given parts; at least one part.

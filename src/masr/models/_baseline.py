@@ -9,7 +9,6 @@ checkpoint: the named buffers take the shape of the tensors being loaded instead
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any, ClassVar, Literal
 
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from masr.config import ENTITIES
 from masr.errors import MasrError
 from masr.models.base import Batch
 
@@ -25,7 +25,6 @@ from masr.models.base import Batch
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
 Entity = Literal["user", "playlist"]
-ENTITIES = ("user", "playlist")
 
 
 def check_entity(model: str, entity: str) -> None:
@@ -81,24 +80,6 @@ def member_indicator_sparse(
     coo = coo.coalesce()
     coo = sparse_coo(coo.indices(), coo.values().clamp(max=1), coo.shape).coalesce()
     return coo.to_sparse_csr()
-
-
-def available_memory(device: torch.device) -> int:
-    """Bytes free for one large allocation on ``device`` (GPU: free memory; CPU: MemAvailable)."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 2**63 - 1  # unknown platform: do not refuse
 
 
 def human_bytes(n_bytes: float) -> str:

@@ -22,12 +22,12 @@ from torch import Tensor
 from masr.errors import MasrError
 from masr.models._baseline import (
     FittedBuffers,
-    available_memory,
     human_bytes,
     interaction_matrix,
     member_indicator_sparse,
 )
 from masr.models.base import Batch, ModelConfig, Recommender
+from masr.system import available_memory
 
 if TYPE_CHECKING:
     from masr.dataset import PreparedData
