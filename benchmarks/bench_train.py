@@ -1,8 +1,13 @@
-"""Benchmark training speed: seconds per BPR epoch of MDR and MASS on AOTM-2011.
+"""Benchmark training speed: seconds per training epoch of MDR and MASS on AOTM-2011.
 
     python benchmarks/bench_train.py [--models mdr,mass] [--batch-sizes 256,default]
                                      [--cores 2] [--max-seconds 120] [--skip-cuda]
                                      [--set dropout=0] [--dense-too] [--one-thread-too]
+                                     [--recipes paper,fullrank]
+
+--recipes times each `masr train --recipe` (masr.config.RECIPES: its loss, negatives, sampler
+and model settings) in the same run, so their epochs compare on the same machine and load
+(issue 11's target: the full-ranking recipe at most 2x the paper's epoch on a GPU).
 
 Targets (issue 3): CPU (2 cores) MDR <= 4 s/epoch, MASS <= 30 s/epoch; GPU MDR <= 0.5 s,
 MASS <= 2 s. The paper reports 173 s (MDR) and 375 s (MASS) per epoch on a GTX 1080 Ti.
@@ -59,17 +64,23 @@ def one_epoch(
     max_seconds: float,
     sparse: bool = True,
     settings: dict | None = None,
+    recipe: str = "paper",
 ) -> dict:
     """Seconds of one training epoch (validation excluded)."""
     import torch
 
-    from masr.config import TrainConfig
+    from masr.config import RECIPES, TrainConfig
     from masr.models import model_class
     from masr.train import TrainProgress, train_model
 
     torch.manual_seed(0)
     cls = model_class(model_name)
-    model = cls(cls.config_class(**(settings or {})), data.n_users, data.n_playlists, data.n_songs)
+    fields = cls.config_class.__dataclass_fields__
+    settings = {
+        **{k: v for k, v in RECIPES[recipe].get("model", {}).items() if k in fields},
+        **(settings or {}),
+    }
+    model = cls(cls.config_class(**settings), data.n_users, data.n_playlists, data.n_songs)
     steps_total = -(-len(data.train_song) // batch_size)
 
     class Clock(TrainProgress):
@@ -88,7 +99,10 @@ def one_epoch(
                 raise _Stop
 
     clock = Clock()
-    config = TrainConfig(epochs=1, batch_size=batch_size, sparse=sparse)
+    config = TrainConfig(
+        **{**RECIPES[recipe].get("train", {}), "epochs": 1, "batch_size": batch_size,
+           "sparse": sparse}
+    )
     try:
         result = train_model(model, data, config, device=device, progress=clock)
         seconds, extrapolated = result.history[0]["train_seconds"], False
@@ -99,6 +113,8 @@ def one_epoch(
         extrapolated = True
     return {
         "model": model_name,
+        "recipe": recipe,
+        "train": {k: v for k, v in config.to_dict().items() if k in ("loss", "neg", "neg_sampler")},
         "device": device,
         "batch_size": batch_size,
         "sparse": sparse,
@@ -135,6 +151,9 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="also time dense embedding gradients + plain Adam (default: row-sparse + lazy Adam)",
     )
+    parser.add_argument(
+        "--recipes", default="paper,fullrank", help="comma list of masr train recipes to time side by side"
+    )
     args = parser.parse_args(argv)
 
     source = Path(os.environ.get("MASR_BENCH_DATA", DEFAULT_DATA))
@@ -167,20 +186,26 @@ def main(argv: list[str]) -> int:
         if threads:
             torch.set_num_threads(threads)
         for model in models:
-            for bs, sparse in [(b, s) for b in sizes for s in (True, False)[: 1 + args.dense_too]]:
+            runs = [
+                (b, s, r)
+                for r in args.recipes.split(",")
+                for b in sizes
+                for s in (True, False)[: 1 + args.dense_too]
+            ]
+            for bs, sparse, recipe in runs:
                 settings = parse_settings([model], args.set)
-                r = one_epoch(model, data, device, bs, args.max_seconds, sparse, settings)
+                r = one_epoch(model, data, device, bs, args.max_seconds, sparse, settings, recipe)
                 results.append(r)
                 mark = " (extrapolated)" if r["extrapolated"] else ""
                 print(
-                    f"{model:5s} {device:4s} threads={r['threads']} batch={bs:6d} "
+                    f"{model:5s} {device:4s} {recipe:8s} threads={r['threads']} batch={bs:6d} "
                     f"{'sparse' if sparse else 'dense '} {' '.join(args.set)}: "
                     f"{r['seconds_per_epoch']:8.2f} s/epoch{mark}  target {r['target_s']}",
                     file=sys.stderr,
                 )
     report = {
         "benchmark": "train",
-        "what": "seconds per BPR training epoch (validation excluded), default model configs",
+        "what": "seconds per training epoch (validation excluded) per recipe",
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),
