@@ -286,7 +286,9 @@ def test_collaborative_ones_learn_the_planted_groups(
     [
         ("prme", {"dim": 8}, 0.05),
         ("transrec", {"dim": 8}, 0.05),
-        ("caser", {"dim": 8, "window": 4, "dropout": 0.2}, 0.003),  # convolutions want a lower lr
+        # convolutions want a lower lr; with d = 8 the default init (0.05) leaves z's few ReLU
+        # units dead on some seeds (measured: 2 of 4 seeds learnt), 0.3 learns on all 4
+        ("caser", {"dim": 8, "window": 4, "dropout": 0.2, "init_std": 0.3}, 0.003),
     ],
 )
 def test_sequential_ones_learn_the_planted_chain(
