@@ -49,6 +49,14 @@ Select = choices("Select", SELECTIONS)
 Recipe = choices("Recipe", tuple(RECIPES))
 
 
+def _recipe_text(name: str) -> str:
+    """``--loss softmax --neg 1024 ...``: what recipe ``name`` sets, as options."""
+    values = {**RECIPES[name].get("train", {}), **RECIPES[name].get("adversarial", {})}
+    text = [f"--{k.replace('_', '-')} {v}" for k, v in values.items()]
+    text += [f"--set {k}={v}" for k, v in RECIPES[name].get("model", {}).items()]
+    return " ".join(text)
+
+
 def command(
     ctx: typer.Context,
     model: Annotated[
@@ -93,10 +101,10 @@ def command(
     recipe: Annotated[
         Recipe,
         typer.Option(
-            help="Defaults for the options below that are not given: paper = the paper's "
-            "recipe (BPR of eq. 21 against the closest of 4 uniform negatives, epochs chosen "
-            "by the sampled protocol); fullrank = sampled softmax over 1024 shared negatives, "
-            "epochs chosen by full-ranking validation (docs/training.md).",
+            help="Defaults for the options below that are not given on the command line. "
+            "paper: the paper's recipe (BPR of eq. 21 against the closest of 4 uniform "
+            "negatives, epochs chosen by the sampled protocol). fullrank: trained for "
+            f"whole-catalog ranking ({_recipe_text('fullrank')}). See docs/training.md.",
         ),
     ] = Recipe(DEFAULT_RECIPE),
     loss: Annotated[
