@@ -270,6 +270,12 @@ def playlist_members(
     return _gather_members(index, start, slots.expand(playlists.shape[0], width), mask)
 
 
+def _no_members(index: TrainingIndex, n: int) -> tuple[Tensor, Tensor]:
+    """An all-padding (n, 1) member list, for models that do not read members."""
+    members = torch.zeros((n, 1), dtype=torch.long, device=index.device)
+    return members, torch.zeros((n, 1), dtype=torch.bool, device=index.device)
+
+
 def training_batch(
     index: TrainingIndex,
     rows: Tensor,
@@ -284,8 +290,7 @@ def training_batch(
     if uses_members:
         members, mask = sample_members(index, rows, max_members, generator)
     else:
-        members = torch.zeros((rows.shape[0], 1), dtype=torch.long, device=index.device)
-        mask = torch.zeros((rows.shape[0], 1), dtype=torch.bool, device=index.device)
+        members, mask = _no_members(index, rows.shape[0])
     return Batch(
         users=index.user[rows],
         playlists=playlists,
@@ -304,8 +309,7 @@ def context_batch(
     if uses_members:
         members, mask = playlist_members(index, playlists)
     else:
-        members = torch.zeros((playlists.shape[0], 1), dtype=torch.long, device=index.device)
-        mask = torch.zeros((playlists.shape[0], 1), dtype=torch.bool, device=index.device)
+        members, mask = _no_members(index, playlists.shape[0])
     return Batch(
         users=index.playlist_user[playlists],
         playlists=playlists,
