@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
         if only and name not in only:
             continue
         options = [*options, *args.extra.split()]
-        runs = args.runs / args.model / name.replace(" ", "_")
+        runs = args.runs / args.data.name / args.model / name.replace(" ", "_")
         cmd = [sys.executable, "-m", "masr_cli.main", "train", "--model", args.model,
                "--data", str(args.data), "--runs", str(runs), "--device", "cpu",
                "--threads", args.threads, "--time-limit", args.time_limit, *options]
