@@ -210,8 +210,9 @@ def command(
     threads: Annotated[
         int,
         typer.Option(
-            help="CPU threads for PyTorch; 0 = its default (one per core). On a machine busy "
-            "with other work, 1 is often several times faster.",
+            help="CPU threads for PyTorch; 0 = the cores not kept busy by other work (1-minute "
+            "load average), at least 1, said on stderr. On a busy machine more threads than "
+            "free cores are several times slower.",
         ),
     ] = 0,
     resume: Annotated[
@@ -283,12 +284,17 @@ def command(
         if saved is not None:
             options = options.merged(saved, explicit)
     if threads < 0:
-        raise MasrError("--threads must be >= 0 (0 = PyTorch's default)")
+        raise MasrError("--threads must be >= 0 (0 = the free cores)")
     prepared = load_prepared(data)
-    if threads:
+    if options.device != "cuda":
         import torch
 
-        torch.set_num_threads(threads)
+        from masr.system import cpu_threads
+
+        n_threads, why = cpu_threads(threads)
+        torch.set_num_threads(n_threads)
+        if not threads:
+            console.print(f"[dim]using {why}[/dim]")
     with RichProgress() as progress:
         outcomes = train_run(
             name,
