@@ -293,9 +293,10 @@ def command(
 
         n_threads, why = cpu_threads(threads)
         torch.set_num_threads(n_threads)
-        if not threads:
-            console.print(f"[dim]using {why}[/dim]")
-    with RichProgress() as progress:
+        first_line = "" if threads else f"using {why}"
+    else:
+        first_line = ""
+    with RichProgress(first_line) as progress:
         outcomes = train_run(
             name,
             prepared,
@@ -338,7 +339,8 @@ class RichProgress:
     """``masr.train.TrainProgress`` drawn with rich on stderr: epochs and steps of the current
     run, the running loss, and one line per epoch with the validation metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_line: str = "") -> None:
+        self._first_line = first_line  # printed once, when the first training phase starts
         self._bars = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -361,6 +363,9 @@ class RichProgress:
         self._bars.__exit__(*exc)  # type: ignore[arg-type]
 
     def start(self, title: str, epochs: int, steps: int, first_epoch: int) -> None:
+        if self._first_line:
+            console.print(f"[dim]{self._first_line}[/dim]")
+            self._first_line = ""
         self._title, self._total = title, epochs
         self._epochs = self._bars.add_task(
             f"{title} epochs", total=epochs, completed=first_epoch - 1, info=""
