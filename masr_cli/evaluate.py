@@ -65,6 +65,16 @@ def command(
         ),
     ] = 0,
     sample_seed: Annotated[int, typer.Option(help="Seed of the --full-sample draw.")] = 0,
+    alpha: Annotated[
+        list[float] | None,
+        typer.Option(
+            help="Also evaluate every fusion run (masr, amasr) with its MDR part weighted by "
+            "this α instead of its own (eq. 20), as <run>@α=<α>; repeatable. Shows what "
+            "another fusion weight would give without retraining (export it with "
+            "`masr export --alpha`).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Score trained runs on the held-out songs, as the paper's Table 2 and Fig. 4.
 
@@ -106,6 +116,7 @@ def command(
         device=device.value,
         full_sample=full_sample,
         sample_seed=sample_seed,
+        alphas=alpha or (),
         log=lambda msg: console.print(f"[dim]{msg}[/dim]"),
     )
     cases = prepared.test if split is Split.test else prepared.valid

@@ -199,3 +199,15 @@ def test_set_refuses_a_setting_with_its_own_option(tmp_path: Path) -> None:
     # item-kNN's own alpha (asymmetric cosine) is still a --set setting
     _fails(["train", "--model", "itemknn", "--data", str(tmp_path / "none"),
             "--set", "alpha=0.75"], "manifest.json")
+
+
+def test_evaluate_fusion_at_other_alphas(amasr_runs: tuple[Path, Path, str]) -> None:
+    """--alpha re-weights the fusion's parts: α = 1 is its MDR part alone (amdr)."""
+    data, runs, _ = amasr_runs
+    args = ["evaluate", "--data", str(data), "--runs", str(runs), "--json", "-"]
+    out = json.loads(_ok([*args, "--model", "amasr", "--model", "amdr", "--alpha", "1",
+                          "--alpha", "0.3"]).stdout)
+    assert set(out) == {"amasr", "amdr", "amasr@α=1", "amasr@α=0.3"}
+    assert out["amasr@α=1"]["sampled"] == pytest.approx(out["amdr"]["sampled"], abs=1e-6)
+    assert out["amasr@α=0.3"] != out["amasr"]
+    _fails([*args, "--model", "amasr", "--alpha", "1.5"], "--alpha 1.5")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from masr.config import PROTOCOLS
+from masr.config import PROTOCOLS, check_alpha
 from masr.errors import MasrError
 from masr.evaluate import CUTOFFS
 from masr.runs.registry import (
@@ -42,15 +42,19 @@ def evaluate_runs(
     protocols: Sequence[str] = ("sampled", "full"),
     full_sample: int = 0,
     sample_seed: int = 0,
+    alphas: Sequence[float] = (),
     log: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """``{run: {"sampled": metrics, "full": metrics}}`` for the named runs (``all`` = every
-    run in ``runs_dir``), in table order; ``full_sample``: see ``evaluate_model``."""
+    run in ``runs_dir``), in table order; ``full_sample``: see ``evaluate_model``. Each fusion
+    run (masr, amasr) is also evaluated with its parts re-weighted by every α in ``alphas``
+    (eq. 20), as ``<run>@α=<a>``: what another fusion weight would give, without retraining."""
     from masr.evaluate import evaluate_model
     from masr.sampling import TrainingIndex
     from masr.train import resolve_device
 
     log = log or (lambda _msg: None)
+    alphas = [check_alpha(a) for a in alphas]  # before any work
     runs_dir = Path(runs_dir)
     wanted: list[str] = []
     for n in names:
@@ -79,6 +83,17 @@ def evaluate_runs(
             sample_seed=sample_seed,
         )
         log(f"{run}: evaluated on {split} in {time.perf_counter() - t0:.1f} s")
+        for a in alphas if hasattr(model, "with_alpha") else ():
+            fused = model.with_alpha(a).to(dev)  # type: ignore[operator]
+            results[f"{run}@α={a:g}"] = evaluate_model(
+                fused,
+                data,
+                split,
+                protocols=protocols,
+                index=index,
+                full_sample=full_sample,
+                sample_seed=sample_seed,
+            )
     return results
 
 
