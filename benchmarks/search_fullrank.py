@@ -49,6 +49,17 @@ GRIDS: dict[str, dict[str, list[str]]] = {
         "fullrank neg 256": [*FR, "--neg", "256"],
         "fullrank default init": [*FR, "--set", "query_init=default"],
     },
+    # the GPU pass (benchmarks/device_fullrank.sh): sizes a CPU cannot afford
+    "gpu": {
+        "paper": ["--recipe", "paper"],
+        "fullrank": FR,
+        "fullrank neg 4096": [*FR, "--neg", "4096"],
+        "fullrank tau 0.05": [*FR, "--temperature", "0.05"],
+        "fullrank tau 0.2": [*FR, "--temperature", "0.2"],
+        "fullrank dim 256": [*FR, "--dim", "256"],
+        "fullrank lr 3e-3": [*FR, "--lr", "0.003"],
+        "fullrank init 0.1": [*FR, "--set", "init_std=0.1"],
+    },
 }
 
 
@@ -61,6 +72,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--extra", default="", help="options added to every point, space-separated")
     ap.add_argument("--time-limit", default="0")
     ap.add_argument("--threads", default="1")
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--runs", type=Path, default=ROOT / "bench-out" / "fullrank-runs")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "fullrank.jsonl")
     args = ap.parse_args(argv)
@@ -72,7 +84,7 @@ def main(argv: list[str]) -> int:
         options = [*options, *args.extra.split()]
         runs = args.runs / args.data.name / args.model / name.replace(" ", "_")
         cmd = [sys.executable, "-m", "masr_cli.main", "train", "--model", args.model,
-               "--data", str(args.data), "--runs", str(runs), "--device", "cpu",
+               "--data", str(args.data), "--runs", str(runs), "--device", args.device,
                "--threads", args.threads, "--time-limit", args.time_limit, *options]
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
