@@ -64,6 +64,15 @@ def command(
             "depend on it.",
         ),
     ] = EXPORT_CHUNK,
+    external_data: Annotated[
+        bool,
+        typer.Option(
+            "--external-data",
+            help="Write the weights to NAME.weights beside the model (ONNX external data) even "
+            "when one file would do; done anyway past protobuf's 2 GB limit. masr score still "
+            "takes the one --model path.",
+        ),
+    ] = False,
 ) -> None:
     """Export the trained model to one ONNX file for `masr score` (ONNX Runtime, no torch).
 
@@ -71,8 +80,9 @@ def command(
     (member songs excluded); new playlists and users are folded in from their songs. Next to
     the model: NAME.json (α, dims, opset, source checkpoints, data checksum, masr version; the
     same metadata is in the ONNX metadata_props) and the id maps NAME.songs.parquet,
-    NAME.playlists.parquet and NAME.users.parquet. Files are written aside and renamed; parent
-    folders are created.
+    NAME.playlists.parquet and NAME.users.parquet; past protobuf's 2 GB (or with
+    --external-data) the weights too, in NAME.weights. Files are written aside and renamed;
+    parent folders are created.
 
     Example: masr export --runs runs --out exported/masr.onnx
     For CUDA scoring: masr export --chunk 65536 --out exported/masr-cuda.onnx
@@ -81,7 +91,11 @@ def command(
     from masr.lock import lock_path, locked
 
     config = ExportConfig(
-        model=model.value if model else None, alpha=alpha, data=data, chunk=chunk
+        model=model.value if model else None,
+        alpha=alpha,
+        data=data,
+        chunk=chunk,
+        external_data=external_data,
     )
     with locked(lock_path(out), "masr export"):  # one writer per --out (OUT.lock)
         result = export_model(runs, out, config, log=lambda msg: console.print(msg, style="dim"))

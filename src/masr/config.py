@@ -332,6 +332,7 @@ class ExportConfig:
     chunk: int = EXPORT_CHUNK  # catalog songs per MASS step of the graph
     unknown_user: str = "members"  # MDR user term of an unknown user: UNKNOWN_USER_MODES
     data: Path | None = None  # prepared data for the id maps; None: found through run.json
+    external_data: bool = False  # weights in NAME.onnx.weights even below the 2 GB limit
 
     def validate(self) -> None:
         """Checked by ``export_model`` (the one consumer), not when made."""

@@ -47,6 +47,7 @@ from masr.onnx_format import (
     INPUTS,
     OUTPUTS,
     UNKNOWN,
+    WEIGHTS,
     sha256_file,
     sidecar,
 )
@@ -177,8 +178,16 @@ class Engine:
         try:
             session = ort.InferenceSession(str(self.path), options, providers=providers)
         except Exception as exc:
-            text = " ".join(str(exc).split())[:200]
-            raise MasrError(f"--model {self.path}: not a readable ONNX model ({text})") from None
+            text = " ".join(str(exc).split())
+            if "xternal data" in text or "xternal initializer" in text:
+                weights = sidecar(self.path, WEIGHTS)
+                raise MasrError(
+                    f"{weights}: weights file missing or incomplete next to {self.path.name}; "
+                    "export again"
+                ) from None
+            raise MasrError(
+                f"--model {self.path}: not a readable ONNX model ({text[:200]})"
+            ) from None
         provider = "cuda" if "CUDAExecutionProvider" in session.get_providers() else "cpu"
         if device == "cuda" and provider != "cuda":
             raise MasrError(
@@ -270,6 +279,11 @@ class ExportedModel(Engine):
                 raise MasrError(
                     f"{side}: belongs to another export than {self.path.name}; export again"
                 )
+        weights = meta.get("weights")
+        if weights:  # the tensors live beside the model (masr.export.external)
+            path = self.path.with_name(weights["file"])
+            if sha256_file(path) != weights["sha256"]:
+                raise MasrError(f"{path}: does not belong to {self.path.name}; export again")
 
     def _id_maps(self, sizes: dict[str, int]) -> dict[str, pl.DataFrame]:
         maps = {}
