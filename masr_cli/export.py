@@ -73,6 +73,17 @@ def command(
             "takes the one --model path.",
         ),
     ] = False,
+    candidates: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N",
+            help="Build the two-stage graph: MDR's one GEMM (eq. 11) proposes N songs per "
+            "playlist and the fusion re-ranks only those, much faster on large catalogs; N is "
+            "recorded and is masr score's default (masr score --candidates changes it). "
+            "amasr/masr only \\[default: exact, every song scored].",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Export the trained model to one ONNX file for `masr score` (ONNX Runtime, no torch).
 
@@ -86,6 +97,7 @@ def command(
 
     Example: masr export --runs runs --out exported/masr.onnx
     For CUDA scoring: masr export --chunk 65536 --out exported/masr-cuda.onnx
+    Two-stage, for large catalogs: masr export --candidates 1000 --out exported/masr-n1000.onnx
     """
     from masr.export import ExportConfig, export_model
     from masr.lock import lock_path, locked
@@ -96,6 +108,7 @@ def command(
         data=data,
         chunk=chunk,
         external_data=external_data,
+        candidates=candidates,
     )
     with locked(lock_path(out), "masr export"):  # one writer per --out (OUT.lock)
         result = export_model(runs, out, config, log=lambda msg: console.print(msg, style="dim"))

@@ -333,6 +333,7 @@ class ExportConfig:
     unknown_user: str = "members"  # MDR user term of an unknown user: UNKNOWN_USER_MODES
     data: Path | None = None  # prepared data for the id maps; None: found through run.json
     external_data: bool = False  # weights in NAME.onnx.weights even below the 2 GB limit
+    candidates: int | None = None  # two-stage graph: MDR proposes N songs, the fusion re-ranks
 
     def validate(self) -> None:
         """Checked by ``export_model`` (the one consumer), not when made."""
@@ -342,6 +343,8 @@ class ExportConfig:
             check_alpha(self.alpha)
         if self.chunk < 1:
             raise MasrError(f"--chunk {self.chunk}: must be >= 1")
+        if self.candidates is not None and self.candidates < 1:
+            raise MasrError(f"--candidates {self.candidates}: must be >= 1")
         if self.unknown_user not in UNKNOWN_USER_MODES:
             raise MasrError(
                 f"unknown_user {self.unknown_user!r}: choose one of {UNKNOWN_USER_MODES}"
@@ -358,6 +361,7 @@ class ScoreConfig:
     columns: Columns = field(default_factory=Columns)
     read_rows: int = 200_000  # input rows per read chunk
     workers: int | None = None  # concurrent ONNX Runtime calls on CPU; None: one per CPU core
+    candidates: int | None = None  # two-stage exports: songs proposed; None: the export's
 
     def validate(self) -> None:
         """Checked by ``score_file`` (the one consumer), not when made."""
@@ -371,3 +375,5 @@ class ScoreConfig:
             raise MasrError(f"read_rows {self.read_rows}: must be >= 1")
         if self.workers is not None and self.workers < 1:
             raise MasrError(f"workers {self.workers}: must be >= 1")
+        if self.candidates is not None and self.candidates < 1:
+            raise MasrError(f"--candidates {self.candidates}: must be >= 1")

@@ -28,6 +28,11 @@ INPUTS = {
     "members": "int64 (B, L) member song indices, -1 = padding",
     "k": "int64 scalar, songs per playlist",
 }
+#: The optional input of a two-stage export (``masr export --candidates N``): its default is N.
+CANDIDATES = {
+    "candidates": "int64 scalar, songs MDR proposes per playlist for the fusion to re-rank "
+    "(two-stage exports only; optional, default the export's --candidates)",
+}
 OUTPUTS = {
     "songs": "int64 (B, K) song indices, best first",
     "scores": "float32 (B, K) negated fused distance, higher is better",

@@ -25,6 +25,7 @@ each part lives:
     onnx_builder.py  the small ONNX builder both graph modules write with
     graph.py         the graph: inputs, MDR's eq. 11 with fold-in, eq. 20, exclusion, top-K
     mass_graph.py    MASS's eqs. 12-19, walked over the catalog in chunks by an ONNX Loop
+    two_stage.py     --candidates N: MASS on the N songs MDR proposes per playlist
     external.py      the weights in a file beside the model past protobuf's 2 GB
     this file        the options, the metadata and the files written next to the model
 
@@ -61,6 +62,7 @@ from masr.export.sources import (
 )
 from masr.export.weights import MASSWeights, MDRWeights, mass_weights, mdr_weights
 from masr.onnx_format import (
+    CANDIDATES,
     FORMAT,
     FORMAT_VERSION,
     ID_MAPS,
@@ -108,6 +110,11 @@ def export_model(
         raise MasrError(f"--alpha: {kind} is one part; α weights the parts of amasr/masr only")
     else:
         alpha = 1.0 if mass is None else 0.0
+    if config.candidates is not None and (mdr is None or mass is None):
+        raise MasrError(
+            f"--candidates: {kind} is one part; the two-stage graph proposes with MDR and "
+            "re-ranks with the MDR + MASS fusion (export amasr or masr)"
+        )
     part = mdr if mdr is not None else mass
     sizes = part.sizes()
     data_dir = locate_data(runs_dir, sources, fingerprint, config.data)
@@ -120,6 +127,7 @@ def export_model(
         alpha,
         chunk=config.chunk,
         unknown_user=config.unknown_user,
+        candidates=config.candidates,
         **sizes,
     )
     files: list[Path] = []
@@ -209,7 +217,8 @@ def _metadata(
         "chunk": config.chunk,
         "unknown_user": config.unknown_user,
         "unknown_index": UNKNOWN,
-        "inputs": dict(INPUTS),
+        "candidates": config.candidates,
+        "inputs": {**INPUTS, **(CANDIDATES if config.candidates else {})},
         "outputs": dict(OUTPUTS),
         "sources": sources,
         "data": data,
@@ -218,9 +227,10 @@ def _metadata(
         "masr_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    identity = json.dumps(
-        [sources, alpha, config.chunk, config.unknown_user, id_maps], sort_keys=True
-    )
+    decides = [sources, alpha, config.chunk, config.unknown_user, id_maps]
+    if config.candidates:  # only then, so that exact exports keep their ids
+        decides.append({"candidates": config.candidates})
+    identity = json.dumps(decides, sort_keys=True)
     metadata["export_id"] = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return metadata
 
