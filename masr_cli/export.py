@@ -64,6 +64,26 @@ def command(
             "depend on it.",
         ),
     ] = EXPORT_CHUNK,
+    external_data: Annotated[
+        bool,
+        typer.Option(
+            "--external-data",
+            help="Write the weights to NAME.weights beside the model (ONNX external data) even "
+            "when one file would do; done anyway past protobuf's 2 GB limit. masr score still "
+            "takes the one --model path.",
+        ),
+    ] = False,
+    candidates: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N",
+            help="Build the two-stage graph: MDR's one GEMM (eq. 11) proposes N songs per "
+            "playlist and the fusion re-ranks only those, much faster on large catalogs; N is "
+            "recorded and is masr score's default (masr score --candidates changes it). "
+            "amasr/masr only \\[default: exact, every song scored].",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Export the trained model to one ONNX file for `masr score` (ONNX Runtime, no torch).
 
@@ -71,17 +91,24 @@ def command(
     (member songs excluded); new playlists and users are folded in from their songs. Next to
     the model: NAME.json (α, dims, opset, source checkpoints, data checksum, masr version; the
     same metadata is in the ONNX metadata_props) and the id maps NAME.songs.parquet,
-    NAME.playlists.parquet and NAME.users.parquet. Files are written aside and renamed; parent
-    folders are created.
+    NAME.playlists.parquet and NAME.users.parquet; past protobuf's 2 GB (or with
+    --external-data) the weights too, in NAME.weights. Files are written aside and renamed;
+    parent folders are created.
 
     Example: masr export --runs runs --out exported/masr.onnx
     For CUDA scoring: masr export --chunk 65536 --out exported/masr-cuda.onnx
+    Two-stage, for large catalogs: masr export --candidates 1000 --out exported/masr-n1000.onnx
     """
     from masr.export import ExportConfig, export_model
     from masr.lock import lock_path, locked
 
     config = ExportConfig(
-        model=model.value if model else None, alpha=alpha, data=data, chunk=chunk
+        model=model.value if model else None,
+        alpha=alpha,
+        data=data,
+        chunk=chunk,
+        external_data=external_data,
+        candidates=candidates,
     )
     with locked(lock_path(out), "masr export"):  # one writer per --out (OUT.lock)
         result = export_model(runs, out, config, log=lambda msg: console.print(msg, style="dim"))

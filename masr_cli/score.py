@@ -51,6 +51,16 @@ def command(
             show_default=False,
         ),
     ] = None,
+    candidates: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N",
+            help="Songs MDR proposes per playlist for the fusion to re-rank, in a two-stage "
+            "export (masr export --candidates) \\[default: the export's]; N >= the catalog "
+            "gives the exact scores. An exact export refuses it.",
+            show_default=False,
+        ),
+    ] = None,
     user_col: Annotated[str, typer.Option(help="Input column holding the user id.")] = "user_id",
     playlist_col: Annotated[
         str, typer.Option(help="Input column holding the playlist id (a playlist's key).")
@@ -74,6 +84,7 @@ def command(
         k=k,
         batch_size=batch_size,
         device=device.value,
+        candidates=candidates,
         columns=Columns(user=user_col, playlist=playlist_col, track=track_col),
     )
     summary = score_file(input, model, out, config, log=lambda msg: console.print(msg, style="dim"))

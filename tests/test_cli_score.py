@@ -251,3 +251,53 @@ def test_export_chunk_changes_speed_not_scores(tmp_path: Path, runs: Path, model
     np.testing.assert_allclose(outs[0]["score"].to_numpy(), outs[1]["score"].to_numpy(), rtol=1e-5)
     bad = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(big), "--chunk", "0"])
     assert bad.exit_code == 1 and "--chunk 0: must be >= 1" in bad.stderr
+
+
+def test_two_stage_export_and_score_round_trip(tmp_path: Path, runs: Path, model: Path) -> None:
+    """masr export --candidates N builds the two-stage graph (N recorded); masr score uses it,
+    --candidates changes N at run time, N >= the catalog (48) gives the exact export's CSV, and
+    an exact export or a one-part export refuses with one line naming the option."""
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+
+    def score(onnx_file: Path, *extra: str):
+        return runner.invoke(app, ["score", str(src), "--model", str(onnx_file), *extra])
+
+    exact = score(model)
+    two = tmp_path / "two.onnx"
+    args = ["export", "--runs", str(runs), "--out", str(two)]
+    result = runner.invoke(app, [*args, "--candidates", "48"])
+    assert result.exit_code == 0, result.stderr
+    meta = json.loads((tmp_path / "two.onnx.json").read_text())
+    assert meta["candidates"] == 48 and "candidates" in meta["inputs"]
+    assert json.loads(model.with_name("masr.onnx.json").read_text())["candidates"] is None
+    full = score(two)
+    assert full.exit_code == 0, full.stderr
+    assert "two-stage: MDR proposes 48 songs per playlist" in full.stderr
+    got, want = pl.read_csv(full.stdout.encode()), pl.read_csv(exact.stdout.encode())
+    assert got["track_id"].to_list() == want["track_id"].to_list()
+    np.testing.assert_allclose(got["score"].to_numpy(), want["score"].to_numpy(), rtol=1e-5)
+
+    assert runner.invoke(app, [*args, "--candidates", "5"]).exit_code == 0
+    few = score(two, "--k", "5")
+    assert few.exit_code == 0, few.stderr
+    recs = pl.read_csv(few.stdout.encode())
+    assert sorted(recs.group_by("playlist_id").len()["len"].to_list()) == [5, 5]
+    widened = score(two, "--candidates", "1000")  # past the catalog: exact again
+    assert widened.exit_code == 0, widened.stderr
+    got = pl.read_csv(widened.stdout.encode())
+    assert got["track_id"].to_list() == want["track_id"].to_list()
+    np.testing.assert_allclose(got["score"].to_numpy(), want["score"].to_numpy(), rtol=1e-5)
+
+    for onnx_file, extra, line in [
+        (two, ["--k", "10"], "--k 10: more than the 5 candidates per playlist of this two-stage "
+         "export; pass --candidates 10 or more"),
+        (model, ["--candidates", "10"], "is an exact export (the fusion scores every song); "
+         "export a two-stage model with masr export --candidates 10"),
+        (two, ["--candidates", "0"], "--candidates 0: must be >= 1"),
+    ]:  # fmt: skip
+        bad = score(onnx_file, *extra)
+        assert bad.exit_code == 1 and line in bad.stderr and bad.stdout == ""
+    one_part = runner.invoke(app, [*args, "--model", "mdr", "--candidates", "5"])
+    assert one_part.exit_code == 1 and "--candidates: mdr is one part" in one_part.stderr
+    assert "--candidates" in runner.invoke(app, ["export", "--help"]).stdout

@@ -335,6 +335,8 @@ class ExportConfig:
     chunk: int = EXPORT_CHUNK  # catalog songs per MASS step of the graph
     unknown_user: str = "members"  # MDR user term of an unknown user: UNKNOWN_USER_MODES
     data: Path | None = None  # prepared data for the id maps; None: found through run.json
+    external_data: bool = False  # weights in NAME.onnx.weights even below the 2 GB limit
+    candidates: int | None = None  # two-stage graph: MDR proposes N songs, the fusion re-ranks
 
     def validate(self) -> None:
         """Checked by ``export_model`` (the one consumer), not when made."""
@@ -344,6 +346,8 @@ class ExportConfig:
             check_alpha(self.alpha)
         if self.chunk < 1:
             raise MasrError(f"--chunk {self.chunk}: must be >= 1")
+        if self.candidates is not None and self.candidates < 1:
+            raise MasrError(f"--candidates {self.candidates}: must be >= 1")
         if self.unknown_user not in UNKNOWN_USER_MODES:
             raise MasrError(
                 f"unknown_user {self.unknown_user!r}: choose one of {UNKNOWN_USER_MODES}"
@@ -360,6 +364,7 @@ class ScoreConfig:
     columns: Columns = field(default_factory=Columns)
     read_rows: int = 200_000  # input rows per read chunk
     workers: int | None = None  # concurrent ONNX Runtime calls on CPU; None: one per CPU core
+    candidates: int | None = None  # two-stage exports: songs proposed; None: the export's
 
     def validate(self) -> None:
         """Checked by ``score_file`` (the one consumer), not when made."""
@@ -373,3 +378,5 @@ class ScoreConfig:
             raise MasrError(f"read_rows {self.read_rows}: must be >= 1")
         if self.workers is not None and self.workers < 1:
             raise MasrError(f"workers {self.workers}: must be >= 1")
+        if self.candidates is not None and self.candidates < 1:
+            raise MasrError(f"--candidates {self.candidates}: must be >= 1")

@@ -28,6 +28,11 @@ INPUTS = {
     "members": "int64 (B, L) member song indices, -1 = padding",
     "k": "int64 scalar, songs per playlist",
 }
+#: The optional input of a two-stage export (``masr export --candidates N``): its default is N.
+CANDIDATES = {
+    "candidates": "int64 scalar, songs MDR proposes per playlist for the fusion to re-rank "
+    "(two-stage exports only; optional, default the export's --candidates)",
+}
 OUTPUTS = {
     "songs": "int64 (B, K) song indices, best first",
     "scores": "float32 (B, K) negated fused distance, higher is better",
@@ -37,10 +42,17 @@ ID_MAP_SIZES = {"songs": "n_songs", "playlists": "n_playlists", "users": "n_user
 ID_MAPS = tuple(ID_MAP_SIZES)
 
 
+#: The weights file of an export too large for one protobuf (``masr.export.external``).
+WEIGHTS = "weights"
+
+
 def sidecar(model_path: str | Path, what: str) -> Path:
-    """The file next to the model: ``json`` or an id map (``songs``, ``playlists``, ``users``)."""
+    """The file next to the model: ``json``, ``weights`` (external data) or an id map
+    (``songs``, ``playlists``, ``users``)."""
     model_path = Path(model_path)
-    suffix = ".json" if what == "json" else f".{what}.parquet"
+    if what in ("json", WEIGHTS):
+        return model_path.with_name(f"{model_path.name}.{what}")
+    suffix = f".{what}.parquet"
     return model_path.with_name(model_path.name + suffix)
 
 

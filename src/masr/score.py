@@ -47,6 +47,7 @@ from masr.onnx_format import (
     INPUTS,
     OUTPUTS,
     UNKNOWN,
+    WEIGHTS,
     sha256_file,
     sidecar,
 )
@@ -123,6 +124,9 @@ class Engine:
     concurrent calls. On CPU, ``workers`` single-threaded calls run side by side (they scale
     better than intra-op threads); on CUDA one call at a time."""
 
+    #: a two-stage graph's songs proposed per playlist, fed at run time; None: the graph's default
+    candidates: int | None = None
+
     def __init__(
         self,
         path: str | Path,
@@ -177,8 +181,16 @@ class Engine:
         try:
             session = ort.InferenceSession(str(self.path), options, providers=providers)
         except Exception as exc:
-            text = " ".join(str(exc).split())[:200]
-            raise MasrError(f"--model {self.path}: not a readable ONNX model ({text})") from None
+            text = " ".join(str(exc).split())
+            if "xternal data" in text or "xternal initializer" in text:
+                weights = sidecar(self.path, WEIGHTS)
+                raise MasrError(
+                    f"{weights}: weights file missing or incomplete next to {self.path.name}; "
+                    "export again"
+                ) from None
+            raise MasrError(
+                f"--model {self.path}: not a readable ONNX model ({text[:200]})"
+            ) from None
         provider = "cuda" if "CUDAExecutionProvider" in session.get_providers() else "cpu"
         if device == "cuda" and provider != "cuda":
             raise MasrError(
@@ -202,6 +214,7 @@ class Engine:
                 "playlists": np.ascontiguousarray(playlists, dtype=np.int64),
                 "members": np.ascontiguousarray(members, dtype=np.int64),
                 "k": np.array(k, dtype=np.int64),
+                **({} if self.candidates is None else {"candidates": np.array(self.candidates)}),
             },
         )
         return songs, scores
@@ -254,6 +267,17 @@ class ExportedModel(Engine):
         self.users = maps["users"].select(
             pl.col("user_id").cast(pl.String), pl.col("user_idx").cast(pl.Int64)
         )
+        self.two_stage = self.metadata.get("candidates") is not None
+        if self.two_stage:
+            self.use_candidates(None)
+
+    def use_candidates(self, n: int | None) -> None:
+        """Score a two-stage export (``masr export --candidates``) with ``n`` candidates per
+        playlist (None: the export's). Its largest tensors span the candidates, not the MASS
+        loop's chunk: the calls are bounded by them."""
+        self.candidates = n
+        span = min(n or int(self.metadata["candidates"]), self.n_songs)
+        self.max_cells = MAX_GRID_FLOATS // max(1, span)
 
     def _check_metadata(self) -> None:
         """A masr export, whose metadata JSON file (if present) is this export's."""
@@ -270,6 +294,11 @@ class ExportedModel(Engine):
                 raise MasrError(
                     f"{side}: belongs to another export than {self.path.name}; export again"
                 )
+        weights = meta.get("weights")
+        if weights:  # the tensors live beside the model (masr.export.external)
+            path = self.path.with_name(weights["file"])
+            if sha256_file(path) != weights["sha256"]:
+                raise MasrError(f"{path}: does not belong to {self.path.name}; export again")
 
     def _id_maps(self, sizes: dict[str, int]) -> dict[str, pl.DataFrame]:
         maps = {}
@@ -535,7 +564,13 @@ def score_file(
         f"({exported.n_songs:,} songs), {exported.workers} worker(s), "
         f"batches of {exported.batch_size}"
     )
-    if exported.provider == "cuda" and exported.chunk and exported.chunk <= exported.n_songs:
+    _two_stage(exported, config, model, say)
+    if (
+        exported.provider == "cuda"
+        and not exported.two_stage
+        and exported.chunk
+        and exported.chunk <= exported.n_songs
+    ):
         say(  # the CPU-sized default loop step: a whole-catalog one was 3.3x faster on an H200
             f"hint: this export walks the catalog {exported.chunk} songs at a time (the CPU's "
             f"best); for CUDA, masr export --chunk {exported.n_songs + 1} scores faster"
@@ -550,6 +585,33 @@ def score_file(
         exported.close()
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _two_stage(
+    model: ExportedModel, config: ScoreConfig, path: str | Path, say: Callable[[str], None]
+) -> None:
+    """``--candidates``: the run-time N of a two-stage export; an exact export has no first
+    stage to size (one line naming the export option)."""
+    if not model.two_stage:
+        if config.candidates is not None:
+            raise MasrError(
+                f"--candidates {config.candidates}: {path} is an exact export (the fusion scores "
+                "every song); export a two-stage model with masr export --candidates "
+                f"{config.candidates}"
+            )
+        return
+    n = config.candidates or int(model.metadata["candidates"])
+    k = min(config.k, model.n_songs)
+    if n < k:
+        raise MasrError(
+            f"--k {config.k}: more than the {n:,} candidates per playlist of this two-stage "
+            f"export; pass --candidates {k} or more"
+        )
+    model.use_candidates(config.candidates)
+    say(
+        f"two-stage: MDR proposes {min(n, model.n_songs):,} songs per playlist, the fusion "
+        "re-ranks them (exact: an export without --candidates)"
+    )
 
 
 def _write_all(

@@ -1,4 +1,5 @@
-"""Export MDR, MASS or their fusion MASR / AMASR (eq. 20) to one self-contained ONNX file.
+"""Export MDR, MASS or their fusion MASR / AMASR (eq. 20) to one ONNX file (plus its weights
+beside it past protobuf's 2 GB: ``external``).
 
 The graph scores the whole catalog for a batch of playlists and returns the K best songs:
 
@@ -24,6 +25,8 @@ each part lives:
     onnx_builder.py  the small ONNX builder both graph modules write with
     graph.py         the graph: inputs, MDR's eq. 11 with fold-in, eq. 20, exclusion, top-K
     mass_graph.py    MASS's eqs. 12-19, walked over the catalog in chunks by an ONNX Loop
+    two_stage.py     --candidates N: MASS on the N songs MDR proposes per playlist
+    external.py      the weights in a file beside the model past protobuf's 2 GB
     this file        the options, the metadata and the files written next to the model
 
 The file format both this package and scoring read is ``masr.onnx_format``. This package needs
@@ -48,6 +51,7 @@ from masr.atomic import atomic_file, atomic_path
 from masr.config import ALPHA, UNKNOWN_USER_MODES, ExportConfig
 from masr.config import EXPORT_KINDS as KINDS
 from masr.errors import MasrError
+from masr.export import external
 from masr.export.graph import build_graph
 from masr.export.sources import (
     Source,
@@ -58,6 +62,7 @@ from masr.export.sources import (
 )
 from masr.export.weights import MASSWeights, MDRWeights, mass_weights, mdr_weights
 from masr.onnx_format import (
+    CANDIDATES,
     FORMAT,
     FORMAT_VERSION,
     ID_MAPS,
@@ -66,6 +71,7 @@ from masr.onnx_format import (
     OPSET,
     OUTPUTS,
     UNKNOWN,
+    WEIGHTS,
     sha256_file,
     sidecar,
 )
@@ -104,6 +110,11 @@ def export_model(
         raise MasrError(f"--alpha: {kind} is one part; α weights the parts of amasr/masr only")
     else:
         alpha = 1.0 if mass is None else 0.0
+    if config.candidates is not None and (mdr is None or mass is None):
+        raise MasrError(
+            f"--candidates: {kind} is one part; the two-stage graph proposes with MDR and "
+            "re-ranks with the MDR + MASS fusion (export amasr or masr)"
+        )
     part = mdr if mdr is not None else mass
     sizes = part.sizes()
     data_dir = locate_data(runs_dir, sources, fingerprint, config.data)
@@ -116,6 +127,7 @@ def export_model(
         alpha,
         chunk=config.chunk,
         unknown_user=config.unknown_user,
+        candidates=config.candidates,
         **sizes,
     )
     files: list[Path] = []
@@ -139,23 +151,44 @@ def export_model(
         "path": str(data_dir),
         "input": manifest.get("input"),
     }
-    metadata = _metadata(kind, alpha, dims, sizes, config, described, data, written)
+    weights = None
+    if config.external_data or external.needs_external(graph):
+        weights = _write_weights(graph, out)
+        files.append(sidecar(out, WEIGHTS))
+    metadata = _metadata(kind, alpha, dims, sizes, config, described, data, written, weights)
     for key, value in metadata.items():  # every value JSON-encoded (strings quoted)
         entry = graph.metadata_props.add()
         entry.key, entry.value = key, json.dumps(value)
-    onnx.checker.check_model(graph, full_check=True)
+    if weights is None:
+        onnx.checker.check_model(graph, full_check=True)
 
     with atomic_path(out) as tmp:
         onnx.save_model(graph, tmp)
+        if weights is not None:  # by path: the checker reads the weights file beside it
+            onnx.checker.check_model(str(tmp), full_check=True)
     files.insert(0, out)
+    stale = sidecar(out, WEIGHTS)
+    if weights is None and stale.is_file():  # a former external export's weights
+        stale.unlink()
     meta_path = sidecar(out, "json")
     with atomic_file(meta_path, "w") as fh:
         json.dump(metadata, fh, indent=2)
         fh.write("\n")
     files.insert(1, meta_path)
     size_mb = os.path.getsize(out) / 1e6
-    say(f"wrote {out} ({size_mb:.1f} MB), {meta_path.name} and the id maps")
+    beside = "" if weights is None else f", {weights['file']} ({weights['bytes'] / 1e6:.1f} MB)"
+    say(f"wrote {out} ({size_mb:.1f} MB){beside}, {meta_path.name} and the id maps")
     return ExportResult(path=out, metadata=metadata, files=files)
+
+
+def _write_weights(graph: onnx.ModelProto, out: Path) -> dict[str, Any]:
+    """Move the graph's large tensors to ``NAME.onnx.weights`` (written aside, renamed) and
+    describe that file for the metadata (``masr.export.external``)."""
+    path = sidecar(out, WEIGHTS)
+    with atomic_path(path) as tmp:
+        size = external.move_to_file(graph, tmp, path.name)
+        digest = sha256_file(tmp)
+    return {"file": path.name, "bytes": size, "sha256": digest}
 
 
 def _metadata(
@@ -167,6 +200,7 @@ def _metadata(
     sources: list[dict[str, Any]],
     data: dict[str, Any],
     id_maps: dict[str, dict[str, Any]],
+    weights: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What the export records about itself (in the graph and in the JSON next to it). Its
     ``export_id`` hashes what decides the scores, so a reader can tell sidecars of another export
@@ -183,17 +217,20 @@ def _metadata(
         "chunk": config.chunk,
         "unknown_user": config.unknown_user,
         "unknown_index": UNKNOWN,
-        "inputs": dict(INPUTS),
+        "candidates": config.candidates,
+        "inputs": {**INPUTS, **(CANDIDATES if config.candidates else {})},
         "outputs": dict(OUTPUTS),
         "sources": sources,
         "data": data,
         "id_maps": id_maps,
+        "weights": weights,
         "masr_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    identity = json.dumps(
-        [sources, alpha, config.chunk, config.unknown_user, id_maps], sort_keys=True
-    )
+    decides = [sources, alpha, config.chunk, config.unknown_user, id_maps]
+    if config.candidates:  # only then, so that exact exports keep their ids
+        decides.append({"candidates": config.candidates})
+    identity = json.dumps(decides, sort_keys=True)
     metadata["export_id"] = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return metadata
 

@@ -23,14 +23,15 @@ from typing import NamedTuple
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from masr import __version__
 from masr.config import EXPORT_CHUNK
 from masr.export.mass_graph import mass_distance
 from masr.export.onnx_builder import Graph, f32
+from masr.export.two_stage import mass_on_candidates
 from masr.export.weights import MASSWeights, MDRWeights
-from masr.onnx_format import INPUTS, IR_VERSION, OPSET, OUTPUTS
+from masr.onnx_format import CANDIDATES, INPUTS, IR_VERSION, OPSET, OUTPUTS
 
 #: How an unknown user enters eq. 11: the mean of the playlist's members, or not at all.
 
@@ -45,10 +46,13 @@ def build_graph(
     n_songs: int,
     chunk: int = EXPORT_CHUNK,
     unknown_user: str = "members",
+    candidates: int | None = None,
 ) -> onnx.ModelProto:
     """The scoring graph (``masr.export``'s docstring) for the given parts; at least one part.
 
-    With both parts the distance is eq. 20's α o_MDR + (1-α) o_MASS; with one part, that part's."""
+    With both parts the distance is eq. 20's α o_MDR + (1-α) o_MASS; with one part, that part's.
+    ``candidates`` N (both parts needed) builds the two-stage graph instead (``two_stage``): MDR
+    proposes N songs per row, the fusion re-ranks them; N is the default of an extra input."""
     if mdr is None and mass is None:
         raise ValueError("build_graph needs MDR weights, MASS weights or both")
     w_mdr = alpha if mass is not None else 1.0
@@ -70,22 +74,33 @@ def build_graph(
     pad_cols = 1
     distance = None  # (B, V + pad) fused distance
 
-    if mdr is not None:
-        distance = _mdr_distance(g, mdr, w_mdr, members_in, V + pad_cols, unknown_user)
+    inputs = [
+        helper.make_tensor_value_info(users, TensorProto.INT64, ["batch"]),
+        helper.make_tensor_value_info(playlists, TensorProto.INT64, ["batch"]),
+        helper.make_tensor_value_info(members, TensorProto.INT64, ["batch", "members"]),
+        helper.make_tensor_value_info(k, TensorProto.INT64, []),
+    ]
+    if candidates is not None:
+        if mdr is None or mass is None:
+            raise ValueError("a two-stage graph needs both parts (MDR proposes, MASR re-ranks)")
+        best, songs = _two_stage(g, mdr, mass, alpha, members_in, real, n_users, V, unknown_user)
+        # the optional input: an initializer of the same name is its default (the export's N)
+        (name,) = CANDIDATES
+        inputs.append(helper.make_tensor_value_info(name, TensorProto.INT64, []))
+        g.initializers.append(numpy_helper.from_array(np.array(candidates, np.int64), name))
+    else:
+        if mdr is not None:
+            distance = _mdr_distance(g, mdr, w_mdr, members_in, V + pad_cols, unknown_user)
 
-    if mass is not None:
-        o_mass = mass_distance(g, mass, users, members, n_users, V, chunk, pad_cols)
-        o_mass = g.op("Mul", o_mass, g.const("w_mass", w_mass, np.float32), hint="o_mass")
-        # eq. 20: o = α o_MDR + (1 - α) o_MASS (the weights are folded in above)
-        distance = o_mass if distance is None else g.op("Add", distance, o_mass, hint="o")
+        if mass is not None:
+            o_mass = mass_distance(g, mass, users, members, n_users, V, chunk, pad_cols)
+            o_mass = g.op("Mul", o_mass, g.const("w_mass", w_mass, np.float32), hint="o_mass")
+            # eq. 20: o = α o_MDR + (1 - α) o_MASS (the weights are folded in above)
+            distance = o_mass if distance is None else g.op("Add", distance, o_mass, hint="o")
 
-    # members are never recommended: +inf distance (padding slots hit the dropped column V)
-    slot_cols = g.op("Where", real, members, g.const("pad_col", V, np.int64))
-    inf = g.op("Expand", g.const("inf", np.inf, np.float32), g.op("Shape", slot_cols))
-    distance = g.op("ScatterElements", distance, slot_cols, inf, axis=1, hint="excluded")
-    distance = g.op("Slice", distance, g.ints(0), g.ints(V), ax1)  # (B, V)
-    k_eff = g.op("Min", g.op("Reshape", k, g.ints(1)), g.ints(V))
-    best, songs = g.op("TopK", distance, k_eff, axis=1, largest=0, sorted=1, n_out=2)
+        distance = _exclude_members(g, distance, real, V)  # (B, V)
+        k_eff = g.op("Min", g.op("Reshape", k, g.ints(1)), g.ints(V))
+        best, songs = g.op("TopK", distance, k_eff, axis=1, largest=0, sorted=1, n_out=2)
     out_songs, out_scores = OUTPUTS
     g.nodes.append(helper.make_node("Neg", [best], [out_scores]))
     g.nodes.append(helper.make_node("Identity", [songs], [out_songs]))
@@ -93,12 +108,7 @@ def build_graph(
     graph = helper.make_graph(
         g.nodes,
         "masr_top_k",
-        [
-            helper.make_tensor_value_info(users, TensorProto.INT64, ["batch"]),
-            helper.make_tensor_value_info(playlists, TensorProto.INT64, ["batch"]),
-            helper.make_tensor_value_info(members, TensorProto.INT64, ["batch", "members"]),
-            helper.make_tensor_value_info(k, TensorProto.INT64, []),
-        ],
+        inputs,
         [
             helper.make_tensor_value_info(out_songs, TensorProto.INT64, ["batch", "k"]),
             helper.make_tensor_value_info(out_scores, TensorProto.FLOAT, ["batch", "k"]),
@@ -113,6 +123,50 @@ def build_graph(
         producer_version=__version__,
         doc_string="masr playlist continuation: top-K songs per playlist (see the metadata)",
     )
+
+
+def _exclude_members(g: Graph, distance: str, real: str, V: int) -> str:
+    """Members are never recommended: +inf distance (padding slots hit the padding column V,
+    then dropped): (B, V + 1) -> (B, V)."""
+    _, _, members, _ = INPUTS
+    slot_cols = g.op("Where", real, members, g.const("pad_col", V, np.int64))
+    inf = g.op("Expand", g.const("inf", np.inf, np.float32), g.op("Shape", slot_cols))
+    distance = g.op("ScatterElements", distance, slot_cols, inf, axis=1, hint="excluded")
+    return g.op("Slice", distance, g.ints(0), g.ints(V), g.ints(1))  # (B, V)
+
+
+def _two_stage(
+    g: Graph,
+    mdr: MDRWeights,
+    mass: MASSWeights,
+    alpha: float,
+    m: _Members,
+    real: str,
+    n_users: int,
+    V: int,
+    unknown_user: str,
+) -> tuple[str, str]:
+    """(best distances, songs) of the two-stage graph (``two_stage``): MDR's eq. 11 over the
+    catalog, its N best non-members (N = the ``candidates`` input, at most V), then eq. 20 on
+    those N and the top-K of them. The first stage is MDR unweighted, so that α = 0 still
+    proposes by MDR."""
+    users, _, members, k = INPUTS
+    (n_input,) = CANDIDATES
+    cheap = _mdr_distance(g, mdr, 1.0, m, V + 1, unknown_user)
+    cheap = _exclude_members(g, cheap, real, V)  # (B, V)
+    n_eff = g.op("Min", g.op("Reshape", n_input, g.ints(1)), g.ints(V))
+    o_mdr, cand = g.op("TopK", cheap, n_eff, axis=1, largest=0, sorted=1, n_out=2)  # (B, N)
+    o_mass = mass_on_candidates(g, mass, users, members, n_users, cand)
+    fused = g.op(
+        "Add",
+        g.op("Mul", o_mdr, g.const("w_mdr_cand", alpha, np.float32)),
+        g.op("Mul", o_mass, g.const("w_mass_cand", 1.0 - alpha, np.float32)),
+        hint="o_cand",
+    )  # eq. 20
+    fused = g.op("Where", g.op("IsInf", o_mdr), o_mdr, fused)  # members stay +inf (0·inf: NaN)
+    k_eff = g.op("Min", g.op("Reshape", k, g.ints(1)), n_eff)
+    best, pos = g.op("TopK", fused, k_eff, axis=1, largest=0, sorted=1, n_out=2)
+    return best, g.op("GatherElements", cand, pos, axis=1, hint="cand_songs")
 
 
 class _Members(NamedTuple):

@@ -20,6 +20,7 @@ the song bias b_s (eq. 19 with no attention).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -27,6 +28,51 @@ from onnx import TensorProto, helper
 from masr.export.onnx_builder import Graph, f32
 from masr.export.weights import MASSWeights
 from masr.onnx_format import UNKNOWN
+
+
+class MemoryTables(NamedTuple):
+    """MASS's constants in GEMM form (module docstring), float64, for both memories: per-user
+    offsets |B|⊙(W_u u) with the unknown user's mean appended and a 0 column (n_users+1, d+1);
+    per-song query constants [|B|⊙(W_s s + b), 1] (V, d+1); member-side factors (V, d+1),
+    output [-2|B3|⊙s_t; |B3⊙s_t|²] and attention [2|B4|⊙s_t; -|B4⊙s_t|²]."""
+
+    out_offsets: np.ndarray
+    out_queries: np.ndarray
+    out_members: np.ndarray
+    att_offsets: np.ndarray
+    att_queries: np.ndarray
+    att_members: np.ndarray
+
+
+def memory_tables(mass: MASSWeights, n_users: int) -> MemoryTables:
+    """The constants of eq. 12's output memory and eq. 16's attention memory (``MemoryTables``),
+    shared by the exact graph (walked by chunk) and the two-stage one (``two_stage``)."""
+
+    def memory(user, song, w_user, w_song, bias, metric, sign):
+        scale = np.abs(metric.astype(np.float64))  # |B|: ReLU(x)|B| = ReLU(|B| x)
+        w_u, w_s = w_user.astype(np.float64), w_song.astype(np.float64)  # (d, d) each
+        offsets = (user.astype(np.float64) @ w_u.T) * scale  # (n_users, d)
+        offsets = np.vstack([offsets, offsets.mean(axis=0, keepdims=True)])  # row n_users: unknown
+        offsets = np.hstack([offsets, np.zeros((n_users + 1, 1))])  # the appended 1 stays 1
+        queries = (song.astype(np.float64) @ w_s.T + bias) * scale
+        queries = np.hstack([queries, np.ones((len(queries), 1))])
+        s = song.astype(np.float64) * scale
+        members = np.hstack([sign * 2.0 * s, -sign * np.square(s).sum(1, keepdims=True)])
+        return offsets, queries, members
+
+    out = memory(
+        mass.user, mass.song, mass.query_user, mass.query_song, mass.query_bias, mass.metric, -1.0
+    )
+    att = memory(
+        mass.att_user,
+        mass.att_song,
+        mass.att_query_user,
+        mass.att_query_song,
+        mass.att_query_bias,
+        mass.att_metric,
+        1.0,
+    )
+    return MemoryTables(*out, *att)
 
 
 def mass_distance(
@@ -47,43 +93,18 @@ def mass_distance(
     v_pad = n_chunks * chunk
     zero_i, ax1, ax2, ax3 = g.ints(), g.ints(1), g.ints(2), g.ints(3)
 
-    def memory(
-        user: np.ndarray,
-        song: np.ndarray,
-        w_user: np.ndarray,
-        w_song: np.ndarray,
-        bias: np.ndarray,
-        metric: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-user offsets |B|⊙(W_u u) with the unknown user's mean appended (n_users+1, d+1),
-        per-song query constants [|B|⊙(W_s s + b), 1], transposed by chunk (n_chunks, d+1,
-        chunk), and |B|⊙s (V, d)."""
-        scale = np.abs(metric.astype(np.float64))  # |B|: ReLU(x)|B| = ReLU(|B| x)
-        w_u, w_s = w_user.astype(np.float64), w_song.astype(np.float64)  # (d, d) each
-        offsets = (user.astype(np.float64) @ w_u.T) * scale  # (n_users, d)
-        offsets = np.vstack([offsets, offsets.mean(axis=0, keepdims=True)])  # row n_users: unknown
-        offsets = np.hstack([offsets, np.zeros((n_users + 1, 1))])  # the appended 1 stays 1
-        queries = np.zeros((v_pad, d + 1))
-        queries[:V, :d] = (song.astype(np.float64) @ w_s.T + bias) * scale
-        queries[:, d] = 1.0
-        by_chunk = queries.reshape(n_chunks, chunk, d + 1).transpose(0, 2, 1)
-        return offsets, by_chunk, song.astype(np.float64) * scale
+    t = memory_tables(mass, n_users)
 
-    # eq. 12's output memory and eq. 16's attention memory
-    out_off, out_q, out_s = memory(
-        mass.user, mass.song, mass.query_user, mass.query_song, mass.query_bias, mass.metric
-    )
-    att_off, att_q, att_s = memory(
-        mass.att_user,
-        mass.att_song,
-        mass.att_query_user,
-        mass.att_query_song,
-        mass.att_query_bias,
-        mass.att_metric,
-    )
-    # member-side factors: output [-2|B3|⊙s_t; |B3⊙s_t|²], attention [2|B4|⊙s_t; -|B4⊙s_t|²]
-    out_m = np.hstack([-2.0 * out_s, np.square(out_s).sum(1, keepdims=True)])  # (V, d+1)
-    att_m = np.hstack([2.0 * att_s, -np.square(att_s).sum(1, keepdims=True)])  # (V, d+1)
+    def by_chunk(queries: np.ndarray) -> np.ndarray:
+        """(V, d+1) per-song query constants, padded to whole chunks and transposed by chunk
+        (n_chunks, d+1, chunk); the appended 1 stays 1 in the padding too."""
+        padded = np.zeros((v_pad, d + 1))
+        padded[:V] = queries
+        padded[:, d] = 1.0
+        return padded.reshape(n_chunks, chunk, d + 1).transpose(0, 2, 1)
+
+    out_off, out_q, out_m = t.out_offsets, by_chunk(t.out_queries), t.out_members
+    att_off, att_q, att_m = t.att_offsets, by_chunk(t.att_queries), t.att_members
     bias = np.zeros(v_pad)
     bias[:V] = mass.song_bias
     bias = bias.reshape(n_chunks, 1, chunk)

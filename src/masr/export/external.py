@@ -1,0 +1,59 @@
+"""ONNX external data: the weights in one file beside the ``.onnx`` when one protobuf cannot hold
+them.
+
+A protobuf message is limited to 2 GiB (its lengths are signed 32-bit), and an AMASR export at
+Million Playlist size holds three song tables of ~0.6 GB each before the user and playlist
+tables. Past ``PROTO_LIMIT`` (or when asked: ``masr export --external-data``) every initializer
+of at least ``MIN_EXTERNAL_BYTES`` moves into ``NAME.onnx.weights``; the graph keeps each one's
+offset and length and the file name relative to the model, which is how ONNX Runtime finds it,
+so ``masr score --model NAME.onnx`` stays one path. The file's SHA-256 goes into the metadata
+(as the id maps' do): a weights file of another export is refused with one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx.external_data_helper import set_external_data
+
+#: The largest protobuf message, in bytes. Module-level so that a test can lower it and force
+#: the external layout on a tiny model.
+PROTO_LIMIT = 2**31 - 1
+#: Room kept for the graph itself (nodes, names, metadata) next to the tensors' bytes.
+HEADROOM = 1 << 24
+#: Smaller initializers (shapes, axes, scalars) stay inside the ``.onnx``.
+MIN_EXTERNAL_BYTES = 1024
+#: Each tensor starts on a page boundary in the weights file, so a reader may map it.
+ALIGN = 4096
+
+
+def tensor_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the initializers' data (what decides the protobuf's size)."""
+    return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+def needs_external(model: onnx.ModelProto) -> bool:
+    """Whether the model would not fit in one protobuf (``PROTO_LIMIT``, read at call time)."""
+    return tensor_bytes(model) + HEADROOM > PROTO_LIMIT
+
+
+def move_to_file(model: onnx.ModelProto, path: str | Path, location: str) -> int:
+    """Write the large initializers' bytes to ``path`` and point them at ``location`` (the name
+    the file will have next to the model: ``path`` may be a temporary name). Returns the file's
+    size. The model is changed in place."""
+    offset = 0
+    with open(path, "wb") as fh:
+        for tensor in model.graph.initializer:
+            raw = tensor.raw_data
+            if len(raw) < MIN_EXTERNAL_BYTES:
+                continue
+            gap = -offset % ALIGN
+            fh.write(b"\0" * gap)
+            offset += gap
+            fh.write(raw)
+            set_external_data(tensor, location, offset, len(raw))
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            offset += len(raw)
+    return offset
