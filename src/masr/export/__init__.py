@@ -104,6 +104,9 @@ def export_model(
         raise MasrError(f"--alpha: {kind} is one part; α weights the parts of amasr/masr only")
     else:
         alpha = 1.0 if mass is None else 0.0
+    # the parts' tensors first: an ablation (Tables 3-4) refuses here, before any file is read
+    mdr_w = mdr_weights(mdr) if mdr is not None else None
+    mass_w = mass_weights(mass) if mass is not None else None
     part = mdr if mdr is not None else mass
     sizes = part.sizes()
     data_dir = locate_data(runs_dir, sources, fingerprint, config.data)
@@ -111,8 +114,8 @@ def export_model(
     maps = read_id_maps(data_dir, sizes)
 
     graph = build_graph(
-        mdr_weights(mdr) if mdr is not None else None,
-        mass_weights(mass) if mass is not None else None,
+        mdr_w,
+        mass_w,
         alpha,
         chunk=config.chunk,
         unknown_user=config.unknown_user,
