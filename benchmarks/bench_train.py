@@ -152,7 +152,9 @@ def main(argv: list[str]) -> int:
         help="also time dense embedding gradients + plain Adam (default: row-sparse + lazy Adam)",
     )
     parser.add_argument(
-        "--recipes", default="paper,fullrank", help="comma list of masr train recipes to time side by side"
+        "--recipes",
+        default="paper,fullrank",
+        help="comma list of masr train recipes to time side by side",
     )
     args = parser.parse_args(argv)
 
