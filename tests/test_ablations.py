@@ -191,7 +191,7 @@ def test_mass_ups_reference_init_starts_from_the_mean_context() -> None:
     assert torch.equal(model.query.weight, torch.cat([-eye / 2, -eye / 2, eye], dim=1))
 
 
-def test_mass_attention_none_learns_nothing_and_dot_ignores_dropout() -> None:
+def test_mass_attention_none_gives_equal_weights_to_real_members() -> None:
     model = make_mass(attention="none")
     batch = make_batch(seed=6)
     alpha = model.attention(batch, candidates(batch))
