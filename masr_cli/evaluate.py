@@ -133,7 +133,12 @@ def command(
     table.add_column("Method")
     for head in ("sampled hit@10", "sampled ndcg@10", "full hit@10", "full ndcg@10"):
         table.add_column(head, justify="right")
-    group_title = {"baseline": "Baselines", "ours": "Ours", "improvement": "Imprv. (%)"}
+    group_title = {
+        "baseline": "Baselines",
+        "ours": "Ours",
+        "improvement": "Imprv. (%)",
+        "ablation": "Ablations",
+    }
     previous = None
     for row in comparison_rows(results):
         if previous is not None and row.group != previous:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from masr_cli import evaluate, export, prep, score, synth, train
+from masr_cli import analyze, evaluate, export, prep, reproduce, score, synth, train
 from masr_cli._common import handle_errors, unwrap
 
 app = typer.Typer(
@@ -44,10 +44,11 @@ def main(
     """masr: automatic playlist continuation."""
 
 
-for module in (prep, synth, train, evaluate, export, score):
+for module in (prep, synth, train, evaluate, export, score, reproduce):
     app.command(name=module.NAME, help=unwrap(module.command.__doc__))(
         handle_errors(module.command)
     )
+app.add_typer(analyze.app, name=analyze.NAME, help=unwrap(analyze.HELP))
 
 
 def run() -> None:

@@ -65,7 +65,8 @@ def command(
             help="What to train. mdr/mass: BPR (eq. 21). amdr/amass: APR (eqs. 22-24) from the "
             "best mdr/mass checkpoint (trained first when missing). masr/amasr: the fusion of "
             "eq. 20 of mdr+mass / amdr+amass; amasr runs the whole chain and leaves all six "
-            "runs evaluable.",
+            "runs evaluable. mdr_us, mdr_ps, mass_ups, mass_ps: the paper's Table 3 ablations "
+            "(MASS's Table 4 attention: --set attention=...).",
         ),
     ] = "amasr",  # type: ignore[assignment]
     data: Annotated[

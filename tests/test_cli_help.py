@@ -9,12 +9,17 @@ from typer.testing import CliRunner
 from masr_cli.main import app
 
 runner = CliRunner()
-COMMANDS = ("prep", "synth", "train", "evaluate", "export", "score")
+COMMANDS = (
+    "prep", "synth", "train", "evaluate", "export", "score", "reproduce",
+    "analyze attention", "analyze speed",
+)
 
 
 def _description(command: str) -> list[list[str]]:
     """The paragraphs (lists of rendered lines) between the usage line and the first panel."""
-    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "80", "TERM": "dumb"})
+    result = runner.invoke(
+        app, [*command.split(), "--help"], env={"COLUMNS": "80", "TERM": "dumb"}
+    )
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if "Usage:" in line) + 1

@@ -246,3 +246,34 @@ def test_recipe_fills_only_what_is_not_given() -> None:
             assert getattr(fullrank.train, key) == value
     kept = RunOptions(model={"dropout": 0.3}).with_recipe("fullrank", set())  # --set wins
     assert kept.model["dropout"] == 0.3
+
+
+def test_shared_and_full_distance_equal_distance_for_every_run_and_variant(
+    planted: PreparedData,
+) -> None:
+    """Every trainable run of the registry (the Table 3 ablations with their fixed settings)
+    and every Table 4 attention: distance_shared and full_distance agree with distance."""
+    from masr.models import model_class
+    from masr.models.mass import ATTENTIONS
+    from masr.runs.registry import RUNS, model_config
+
+    index = TrainingIndex.from_data(planted)
+    playlists = torch.arange(0, planted.n_playlists, 5)
+    songs = torch.randint(0, planted.n_songs, (9,), generator=torch.Generator().manual_seed(1))
+    cases = [(run, {}) for run, spec in RUNS.items() if spec.procedure == "train"]
+    cases += [("mass", {"attention": a}) for a in ATTENTIONS]
+    for run, overrides in cases:
+        cls = model_class(RUNS[run].model)
+        if not cls.trainable:
+            continue
+        torch.manual_seed(0)
+        config = model_config(run, overrides)
+        model = cls(config, planted.n_users, planted.n_playlists, planted.n_songs).eval()
+        batch: Batch = context_batch(index, playlists, uses_members=model.uses_members)
+        with torch.no_grad():
+            shared = model.distance_shared(batch, songs)
+            plain = model.distance(batch, songs.expand(playlists.shape[0], -1))
+            full = model.full_distance(batch)
+            every = model.distance(batch, torch.arange(planted.n_songs).expand(len(playlists), -1))
+        assert torch.allclose(shared, plain, atol=1e-5), (run, overrides)
+        assert torch.allclose(full, every, atol=1e-5), (run, overrides)

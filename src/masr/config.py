@@ -380,3 +380,42 @@ class ScoreConfig:
             raise MasrError(f"workers {self.workers}: must be >= 1")
         if self.candidates is not None and self.candidates < 1:
             raise MasrError(f"--candidates {self.candidates}: must be >= 1")
+
+
+#: embedding sizes of the paper's Figure 5
+REPRODUCE_DIMS = (8, 16, 32, 64)
+#: the fixed-noise APR settings (noise, eps) compared with the default flexible noise
+REPRODUCE_APR = (("flexible", 0.5), ("fixed", 0.5), ("fixed", 1.0))
+
+
+@dataclass
+class ReproduceConfig:
+    """What ``masr reproduce`` runs: every run gets ``time_limit`` seconds (checked after each
+    epoch) and at most ``epochs`` BPR / ``adv_epochs`` APR epochs."""
+
+    time_limit: float = 300.0  # seconds per run (--time-limit)
+    epochs: int = 50  # BPR epochs per run at most
+    adv_epochs: int = 50  # APR epochs per run at most
+    dims: tuple[int, ...] = REPRODUCE_DIMS  # Figure 5's embedding sizes
+    #: Figure 5's chain at each size: "masr" (mdr, mass and their fusion) or "amasr" (+ APR)
+    dim_chain: str = "masr"
+    full_sample: int = 0  # full-ranking test cases per model (0 = all; see masr evaluate)
+    attention_cases: int = 500  # Figure 6's cases (0 = all)
+    baselines: bool = True  # train Table 2's baselines too
+    device: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.dims = tuple(int(d) for d in self.dims)
+        _raise_first(
+            [
+                ("--time-limit", self.time_limit > 0, "must be > 0 seconds"),
+                ("--epochs", self.epochs >= 1, "must be >= 1"),
+                ("--adv-epochs", self.adv_epochs >= 1, "must be >= 1"),
+                ("--dims", bool(self.dims) and min(self.dims) >= 1, "must be sizes >= 1"),
+                ("--dim-chain", self.dim_chain in ("masr", "amasr"), "must be masr or amasr"),
+                ("--full-sample", self.full_sample >= 0, "must be >= 0 (0 = every case)"),
+                ("--attention-cases", self.attention_cases >= 0, "must be >= 0"),
+                ("--device", self.device in DEVICES, f"must be one of {_list(DEVICES)}"),
+            ]
+        )

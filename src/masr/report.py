@@ -19,6 +19,7 @@ from masr.config import PROTOCOLS, check_alpha
 from masr.errors import MasrError
 from masr.evaluate import CUTOFFS
 from masr.runs.registry import (
+    ABLATIONS,
     EXTRA_BASELINES,
     IMPROVED,
     NOT_YET_RUN,
@@ -108,7 +109,7 @@ COLUMNS = (("sampled", "hit@10"), ("sampled", "ndcg@10"), ("full", "hit@10"), ("
 class TableRow:
     """One line of the comparison table. ``values`` is None for a model not yet run."""
 
-    group: str  # "baseline", "ours" or "improvement"
+    group: str  # "baseline", "ours", "improvement" or "ablation" (Table 3's variants)
     run: str  # run name ("" for rows without one)
     label: str  # what the paper calls it
     values: list[float | None] | None  # one per COLUMNS entry
@@ -119,8 +120,8 @@ def comparison_rows(results: dict[str, dict[str, dict[str, float]]]) -> list[Tab
     """The rows of the paper's Table 2 for ``results`` ({run: {protocol: metrics}}): baselines
     (the unimplemented paper baselines as "not yet run"), our models, then the relative
     improvement (%) of MASR and AMASR over the best baseline in each column."""
-    labels = dict(PAPER_BASELINES + EXTRA_BASELINES + OURS)
-    ours = {n for n, _ in OURS}
+    labels = dict(PAPER_BASELINES + EXTRA_BASELINES + OURS + ABLATIONS)
+    ours = {n for n, _ in OURS + ABLATIONS}
 
     def values(run: str) -> list[float | None]:
         res = results[run]
@@ -152,6 +153,9 @@ def comparison_rows(results: dict[str, dict[str, dict[str, float]]]) -> list[Tab
                 for m, b in zip(mine, best, strict=True)
             ]
             rows.append(TableRow("improvement", run, labels[run], imp, "vs best baseline"))
+    for run, label in ABLATIONS:
+        if run in results:
+            rows.append(TableRow("ablation", run, label, values(run)))
     return rows
 
 

@@ -115,6 +115,9 @@ def export_model(
             f"--candidates: {kind} is one part; the two-stage graph proposes with MDR and "
             "re-ranks with the MDR + MASS fusion (export amasr or masr)"
         )
+    # the parts' tensors first: an ablation (Tables 3-4) refuses here, before any file is read
+    mdr_w = mdr_weights(mdr) if mdr is not None else None
+    mass_w = mass_weights(mass) if mass is not None else None
     part = mdr if mdr is not None else mass
     sizes = part.sizes()
     data_dir = locate_data(runs_dir, sources, fingerprint, config.data)
@@ -122,8 +125,8 @@ def export_model(
     maps = read_id_maps(data_dir, sizes)
 
     graph = build_graph(
-        mdr_weights(mdr) if mdr is not None else None,
-        mass_weights(mass) if mass is not None else None,
+        mdr_w,
+        mass_w,
         alpha,
         chunk=config.chunk,
         unknown_user=config.unknown_user,

@@ -11,6 +11,17 @@ computed from a separate embedding memory.
     α_t    = softmin_t(d²a_t) over the real members (padding masked)   (eq. 18)
     o      = Σ_t α_t d²_t + b_{s_k}                                    (eq. 19, as a distance)
 
+Ablations (section 5.3, Tables 3-4), chosen by ``MASSConfig.context`` and ``.attention``:
+
+    context "user" (MASS_us, the paper's):  c = u,       c^(a) = u^(a)
+    context "playlist" (MASS_ps):           c = p,       c^(a) = p^(a)
+    context "user+playlist" (MASS_ups):     c = [u; p],  c^(a) = [u^(a); p^(a)]
+        q = ReLU(W1 [c; s_k] + b1),  q^(a) = ReLU(W2 [c^(a); s_k^(a)] + b2)     (eqs. 12, 16)
+    attention "mem-metric" (the paper's):   eqs. 16-18 as above
+    attention "nonmem-*":                   U^(a), S^(a), P^(a) replaced by U, S, P (shared)
+    attention "*-dot":                      α_t = softmax_t(q^(a) · s_t^(a))  (replaces 17-18)
+    attention "none":                       α_t = 1 / |members|               (FISM-like)
+
 The paper's eq. 19 writes o negated (a score); here o is a distance (lower = better) like MDR's
 eq. 11, so MASR's eq. 20 adds like with like. A row with no real member has no attention
 distribution: its MASS distance is defined as the song bias b_{s_k} alone (α = 0), which keeps it
@@ -60,6 +71,13 @@ from masr.models.mdr import check_common, dropout_keep, dropped_square_sum, init
 
 QUERY_INITS = ("reference", "default")
 DROPOUT_MODES = ("element", "shared")
+#: who personalises the queries of eqs. 12 and 16 (Table 3): the user (MASS_us, the paper's
+#: MASS), the playlist (MASS_ps) or both (MASS_ups: [u; p; s_k] and [u^(a); p^(a); s_k^(a)])
+MASS_CONTEXTS = ("user", "playlist", "user+playlist")
+#: the attention of eqs. 16-18 (Table 4): "mem" = its own memory embeddings U^(a), S^(a) (P^(a)),
+#: "nonmem" = the output embeddings U, S (P) reused; "metric" = logits -|B4⊙(q^(a) - s_t^(a))|²,
+#: "dot" = logits q^(a)·s_t^(a) (no B4); "none" = equal weights over the members (no W2, b2)
+ATTENTIONS = ("mem-metric", "mem-dot", "nonmem-metric", "nonmem-dot", "none")
 
 
 @dataclass
@@ -73,9 +91,17 @@ class MASSConfig(ModelConfig):
     # "element": a dropout mask per element of every B ⊙ (q - s_t) (the reference code);
     # "shared": one mask per (row, candidate, dimension) shared by the members (GEMM form, fast)
     dropout_mode: str = "element"
+    context: str = "user"  # MASS_CONTEXTS: "user" (MASS_us), "playlist", "user+playlist"
+    attention: str = "mem-metric"  # ATTENTIONS: the paper's memory metric-based attention
 
     def __post_init__(self) -> None:
         check_common("mass", self.dim, self.dropout, self.init_std)
+        for name, value, allowed in (
+            ("context", self.context, MASS_CONTEXTS),
+            ("attention", self.attention, ATTENTIONS),
+        ):
+            if value not in allowed:
+                raise MasrError(f"mass {name}: {value!r} is not one of {', '.join(allowed)}")
         if self.dropout_mode not in DROPOUT_MODES:
             raise MasrError(
                 f"mass dropout_mode: {self.dropout_mode!r} is not one of {DROPOUT_MODES}"
@@ -125,38 +151,68 @@ class MASS(Recommender):
     def __init__(self, config: MASSConfig, n_users: int, n_playlists: int, n_songs: int):
         super().__init__(config, n_users, n_playlists, n_songs)
         d = config.dim
+        has_u, has_p = config.context != "playlist", config.context != "user"
+        n_ctx = int(has_u) + int(has_p)  # context vectors in the query input [c; s_k]
+        memory, attends = config.attention.startswith("mem-"), config.attention != "none"
+        # (construction order = RNG order: the default's is the one it always had)
         # output side (eqs. 12, 14, 19)
-        self.user_emb = nn.Embedding(n_users, d)  # U
+        self.user_emb = nn.Embedding(n_users, d) if has_u else None  # U
+        self.playlist_emb = nn.Embedding(n_playlists, d) if has_p else None  # P (MASS_ps/_ups)
         self.song_emb = nn.Embedding(n_songs, d)  # S (target and member songs)
-        self.query = nn.Linear(2 * d, d)  # W1 (d x 2d, acting on [u; s_k]), b1
+        self.query = nn.Linear((n_ctx + 1) * d, d)  # W1 (acting on [c; s_k]), b1
         self.metric = nn.Parameter(torch.ones(d))  # B3
         self.song_bias = nn.Embedding(n_songs, 1)  # b_s
         # attention memory (eqs. 16-18); its song bias would cancel in the softmin, so none
-        self.att_user_emb = nn.Embedding(n_users, d)  # U^(a)
-        self.att_song_emb = nn.Embedding(n_songs, d)  # S^(a)
-        self.att_query = nn.Linear(2 * d, d)  # W2, b2
-        self.att_metric = nn.Parameter(torch.ones(d))  # B4
-        for emb in (self.user_emb, self.song_emb, self.att_user_emb, self.att_song_emb):
-            init_embedding(emb, d, config.init_std)
+        self.att_user_emb = nn.Embedding(n_users, d) if memory and has_u else None  # U^(a)
+        self.att_playlist_emb = nn.Embedding(n_playlists, d) if memory and has_p else None  # P^(a)
+        self.att_song_emb = nn.Embedding(n_songs, d) if memory else None  # S^(a)
+        self.att_query = nn.Linear((n_ctx + 1) * d, d) if attends else None  # W2, b2
+        metric = config.attention.endswith("-metric")
+        self.att_metric = nn.Parameter(torch.ones(d)) if metric else None  # B4
+        for emb in (
+            self.user_emb, self.playlist_emb, self.song_emb,
+            self.att_user_emb, self.att_playlist_emb, self.att_song_emb,
+        ):
+            if emb is not None:
+                init_embedding(emb, d, config.init_std)
         nn.init.zeros_(self.song_bias.weight)
         if config.query_init == "reference":
             with torch.no_grad():
                 for lin in (self.query, self.att_query):
+                    if lin is None:
+                        continue
                     eye = torch.eye(d)
-                    lin.weight.copy_(torch.cat([-eye, eye], dim=1))  # [-I | I]
+                    # [-I | I] ([-I/2 | -I/2 | I] for MASS_ups): starts as ReLU(s_k - mean c)
+                    lin.weight.copy_(torch.cat([-eye / n_ctx] * n_ctx + [eye], dim=1))
                     lin.bias.zero_()
 
     # -- pieces ---------------------------------------------------------------------------
     @staticmethod
     def _split(lin: nn.Linear) -> tuple[Tensor, Tensor]:
-        """W [u; s] = W_u u + W_s s: the (d, d) halves acting on the user and on the song."""
+        """W [c; s] = W_c c + W_s s: the halves (d, n_ctx·d) and (d, d) acting on the context
+        vector c ([u], [p] or [u; p]) and on the song."""
         d = lin.out_features
-        return lin.weight[:, :d], lin.weight[:, d:]
+        return lin.weight[:, :-d], lin.weight[:, -d:]
 
-    def _queries(self, lin: nn.Linear, u: Tensor, s: Tensor) -> Tensor:
-        """Eqs. 12 / 16: ReLU(W [u; s] + b) for users ``u`` (B, d) and songs ``s`` (B, C, d)."""
-        w_u, w_s = self._split(lin)
-        return F.relu(F.linear(s, w_s, lin.bias) + F.linear(u, w_u).unsqueeze(1))  # (B, C, d)
+    def _context(self, users: Tensor, playlists: Tensor, att: bool = False) -> Tensor:
+        """(B, n_ctx·d) context vectors c of eq. 12 ([u], [p] or [u; p]) or, with ``att``, of
+        eq. 16 (the memory's U^(a), P^(a); the output tables when the attention is "nonmem")."""
+        memory = att and self.att_song_emb is not None
+        tables = (
+            (self.att_user_emb, self.att_playlist_emb) if memory
+            else (self.user_emb, self.playlist_emb)
+        )
+        parts = [t(ix) for t, ix in zip(tables, (users, playlists), strict=True) if t is not None]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def _att_songs(self) -> nn.Embedding:
+        """The song table of the attention: S^(a) ("mem"), else the output table S."""
+        return self.att_song_emb if self.att_song_emb is not None else self.song_emb
+
+    def _queries(self, lin: nn.Linear, c: Tensor, s: Tensor) -> Tensor:
+        """Eqs. 12 / 16: ReLU(W [c; s] + b) for contexts ``c`` (B, k) and songs ``s`` (B, C, d)."""
+        w_c, w_s = self._split(lin)
+        return F.relu(F.linear(s, w_s, lin.bias) + F.linear(c, w_c).unsqueeze(1))  # (B, C, d)
 
     def _member_dist(self, q: Tensor, members: Tensor, metric: Tensor) -> Tensor:
         """Eqs. 14-15 / 17: (B, C, L) squared distances, queries (B, C, d) to members (B, L, d)."""
@@ -175,17 +231,29 @@ class MASS(Recommender):
 
     def attention(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, C, L) attention weights α (eqs. 16-18) of each candidate over the row's members."""
-        q_att = self._queries(
-            self.att_query, self.att_user_emb(batch.users), self.att_song_emb(songs)
-        )
-        d_att = self._member_dist(q_att, self.att_song_emb(batch.members), self.att_metric)
-        return masked_softmin(d_att, batch.member_mask.unsqueeze(1))
+        mask = batch.member_mask.unsqueeze(1)  # (B, 1, L)
+        if self.att_query is None:
+            # attention "none": α_t = 1 / |members| for every candidate (FISM-like pooling)
+            shape = (*songs.shape, batch.members.shape[1])  # (B, C, L)
+            zeros = torch.zeros(shape, dtype=self.metric.dtype, device=songs.device)
+            return masked_softmin(zeros, mask)
+        table = self._att_songs()
+        c_att = self._context(batch.users, batch.playlists, att=True)  # (B, k)
+        q_att = self._queries(self.att_query, c_att, table(songs))  # (B, C, d), eq. 16
+        m_att = table(batch.members)  # (B, L, d)
+        if self.att_metric is not None:
+            d_att = self._member_dist(q_att, m_att, self.att_metric)  # eq. 17, (B, C, L)
+        else:
+            # "dot": logits q^(a)·s_t^(a) in place of eq. 17's -d²a_t (no dropout, no B4)
+            d_att = -torch.bmm(q_att, m_att.transpose(1, 2))  # (B, C, L)
+        return masked_softmin(d_att, mask)  # eq. 18
 
     # -- the contract ---------------------------------------------------------------------
     def distance(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, C) MASS distances (eq. 19 as a distance) of each row's candidate ``songs``."""
+        c = self._context(batch.users, batch.playlists)  # (B, k)
         # eq. 12: personalised query per candidate
-        q = self._queries(self.query, self.user_emb(batch.users), self.song_emb(songs))  # (B, C, d)
+        q = self._queries(self.query, c, self.song_emb(songs))  # (B, C, d)
         # eqs. 14-15: distances to the members, gathered once per row for all C candidates
         d_out = self._member_dist(q, self.song_emb(batch.members), self.metric)  # (B, C, L)
         alpha = self.attention(batch, songs)  # (B, C, L), eqs. 16-18
@@ -195,56 +263,78 @@ class MASS(Recommender):
     def full_distance(self, batch: Batch, chunk: int = 256) -> Tensor:
         """(B, V) eq. 19 against every catalog song, in GEMM form.
 
-        Rows of the same user share the user-dependent query tensors (eqs. 12, 16): they are
-        grouped (G users, up to R rows each) and scored by ``full_distance_grouped``."""
-        users = batch.users
-        uniq, group, counts = torch.unique(users, return_inverse=True, return_counts=True)
-        n_groups, n_rows = uniq.numel(), int(counts.max()) if users.numel() else 1
-        if n_groups * n_rows > 2 * users.numel():  # too uneven: padding would cost more
-            uniq, group, n_rows = users, torch.arange(users.numel(), device=users.device), 1
-            n_groups = users.numel()
-        # slot of each row within its group: rank among the rows of the same user
+        Rows of the same context (user; playlist for MASS_ps/_ups) share the context-dependent
+        query tensors (eqs. 12, 16): they are grouped (G contexts, up to R rows each) and
+        scored by ``full_distance_grouped``."""
+        keys = {
+            "user": batch.users,
+            "playlist": batch.playlists,
+            "user+playlist": batch.users * self.n_playlists + batch.playlists,
+        }[self.config.context]
+        uniq, group, counts = torch.unique(keys, return_inverse=True, return_counts=True)
+        n_groups, n_rows = uniq.numel(), int(counts.max()) if keys.numel() else 1
+        if n_groups * n_rows > 2 * keys.numel():  # too uneven: padding would cost more
+            group, n_rows = torch.arange(keys.numel(), device=keys.device), 1
+            n_groups = keys.numel()
+        # slot of each row within its group: rank among the rows of the same context
         order = torch.argsort(group, stable=True)  # rows sorted by group
         starts = torch.searchsorted(group[order], group[order], right=False)  # (B,) first of group
         slot = torch.empty_like(group)
-        slot[order] = torch.arange(users.numel(), device=users.device) - starts
+        slot[order] = torch.arange(keys.numel(), device=keys.device) - starts
+        rep = torch.empty(n_groups, dtype=torch.long, device=keys.device)
+        rep[group] = torch.arange(keys.numel(), device=keys.device)  # a row of each group
         n_slots = batch.members.shape[1]
         members = batch.members.new_zeros(n_groups, n_rows, n_slots)
         mask = batch.member_mask.new_zeros(n_groups, n_rows, n_slots)
         members[group, slot] = batch.members
         mask[group, slot] = batch.member_mask
+        users, playlists = batch.users[rep], batch.playlists[rep]  # (G,)
         out = self.full_distance_grouped(
-            self.user_emb(uniq), self.att_user_emb(uniq), members, mask, chunk=chunk
+            self._context(users, playlists), self._att_context(users, playlists), members, mask,
+            chunk=chunk,
         )  # (G, R, V)
         return out[group, slot]
 
+    def _att_context(self, users: Tensor, playlists: Tensor) -> Tensor | None:
+        """Eq. 16's context vectors, None for attention "none" (no query)."""
+        return None if self.att_query is None else self._context(users, playlists, att=True)
+
     def full_distance_from_vectors(
-        self, u: Tensor, u_att: Tensor, members: Tensor, member_mask: Tensor, chunk: int = 1024
+        self,
+        u: Tensor,
+        u_att: Tensor | None,
+        members: Tensor,
+        member_mask: Tensor,
+        chunk: int = 1024,
     ) -> Tensor:
-        """(B, V) eq. 19 for user vectors ``u``, ``u_att`` (B, d) of the output and attention
-        tables, ``members`` (B, L) song indices and ``member_mask`` (B, L) bool: one row per
-        user (``full_distance_grouped`` with R = 1)."""
+        """(B, V) eq. 19 for context vectors ``u``, ``u_att`` (B, k) of the output and attention
+        tables (user vectors for the paper's MASS), ``members`` (B, L) song indices and
+        ``member_mask`` (B, L) bool: one row per context (``full_distance_grouped``, R = 1)."""
         return self.full_distance_grouped(
             u, u_att, members.unsqueeze(1), member_mask.unsqueeze(1), chunk=chunk
         ).squeeze(1)
 
     def full_distance_grouped(
-        self, u: Tensor, u_att: Tensor, members: Tensor, member_mask: Tensor, chunk: int = 1024
+        self,
+        u: Tensor,
+        u_att: Tensor | None,
+        members: Tensor,
+        member_mask: Tensor,
+        chunk: int = 1024,
     ) -> Tensor:
-        """(G, R, V) eq. 19 for G users with R playlists each: user vectors ``u``, ``u_att``
-        (G, d), ``members`` (G, R, L) song indices, ``member_mask`` (G, R, L) bool (a row with no
-        real member is padding, or a member-less playlist: it gets the song bias alone).
+        """(G, R, V) eq. 19 for G contexts with R playlists each: context vectors ``u``,
+        ``u_att`` (G, k) (user vectors for the paper's MASS; ``u_att`` None for attention
+        "none"), ``members`` (G, R, L) song indices, ``member_mask`` (G, R, L) bool (a row with
+        no real member is padding, or a member-less playlist: it gets the song bias alone).
 
-        The queries (eqs. 12, 16) depend on the user and the song only, so per song chunk they
-        are built once per user, ReLU(W_u u + (S W_s^T + b)) (G, Vc, d), and compared with all
-        R·L member slots of that user in one batched GEMM. Expanding eqs. 14-15,
-        d²_t = |B3⊙q|² - 2 (B3²⊙q)·s_t + |B3⊙s_t|²; since Σ_t α_t = 1 the first term leaves
-        the attention sum, and |B4⊙q^(a)|² is constant over t so it cancels in the softmin
-        (eq. 18). Padded slots get -inf attention logits and zero output terms, so they never
-        change a score. The chunk loop depends on n_songs and ``chunk`` only (ONNX-traceable
-        with dynamic G, R, L)."""
+        The queries (eqs. 12, 16) depend on the context and the song only, so per song chunk
+        they are built once per context, ReLU(W_c c + (S W_s^T + b)) (G, Vc, d), and compared
+        with all R·L member slots of that context in one batched GEMM (``_grouped_scores``).
+        The chunk loop depends on n_songs and ``chunk`` only (ONNX-traceable with dynamic G, R,
+        L)."""
         side = self._member_side(members, member_mask)
-        a_out, a_att = self._user_side(u, u_att)
+        a_out, a_att = self._context_side(u, u_att)
+        att_table = self._att_songs().weight if self.att_query is not None else None
         out = []
         for start in range(0, self.n_songs, chunk):
             stop = min(start + chunk, self.n_songs)
@@ -254,7 +344,7 @@ class MASS(Recommender):
                     a_out,
                     a_att,
                     self.song_emb.weight[start:stop],
-                    self.att_song_emb.weight[start:stop],
+                    None if att_table is None else att_table[start:stop],
                     self.song_bias.weight[start:stop],
                 )
             )  # (G, Vc, R)
@@ -270,10 +360,13 @@ class MASS(Recommender):
         if self.training and self.config.dropout > 0:
             return self.distance(batch, songs.unsqueeze(0))
         side = self._member_side(batch.members.unsqueeze(1), batch.member_mask.unsqueeze(1))
-        a_out, a_att = self._user_side(self.user_emb(batch.users), self.att_user_emb(batch.users))
+        a_out, a_att = self._context_side(
+            self._context(batch.users, batch.playlists),
+            self._att_context(batch.users, batch.playlists),
+        )
+        s_att = self._att_songs()(songs) if self.att_query is not None else None
         scores = self._grouped_scores(
-            side, a_out, a_att, self.song_emb(songs), self.att_song_emb(songs),
-            self.song_bias(songs),
+            side, a_out, a_att, self.song_emb(songs), s_att, self.song_bias(songs)
         )  # (B, N, 1)
         return scores.squeeze(-1)
 
@@ -281,39 +374,52 @@ class MASS(Recommender):
         """The member-song halves of eqs. 14-15 and 17, for (G, R, L) member slots: what does
         not depend on the candidate song, computed once per batch."""
         n_groups, n_rows, n_slots = members.shape
-        w_out, w_att = self.metric.square(), self.att_metric.square()  # (d,)
+        w_out = self.metric.square()  # (d,)
         flat = members.reshape(n_groups, n_rows * n_slots)  # (G, RL)
         real = member_mask.reshape(n_groups, 1, n_rows * n_slots)  # (G, 1, RL)
         has_member = member_mask.any(-1)  # (G, R)
         # a row without members keeps finite logits (its α is then multiplied by zero terms)
         open_slot = real | ~has_member.repeat_interleave(n_slots, dim=1).unsqueeze(1)  # (G, 1, RL)
         m = self.song_emb(flat)  # (G, RL, d)
-        m_att = self.att_song_emb(flat)  # (G, RL, d)
         zero = torch.zeros((), dtype=m.dtype, device=m.device)
         inf = torch.full((), float("inf"), dtype=m.dtype, device=m.device)
-        return {
+        side = {
             # output side, zero at padded slots: B3²⊙s_t (G, d, RL) and |B3⊙s_t|² (G, 1, RL)
             "out_w": torch.where(real, (m * w_out).transpose(1, 2), zero),
             "out_norm": torch.where(real, (m.square() @ w_out).unsqueeze(1), zero),
-            # attention side: 2 B4²⊙s_t^(a) (G, d, RL) and |B4⊙s_t^(a)|², +inf at closed slots
-            "att_w2": (2.0 * m_att * w_att).transpose(1, 2),
-            "att_norm": torch.where(open_slot, (m_att.square() @ w_att).unsqueeze(1), inf),
             "has": has_member.to(m.dtype).unsqueeze(1),  # (G, 1, R)
+            # attention "none" / "dot": no per-slot term, only +inf at closed slots (G, 1, RL)
+            "att_norm": torch.where(open_slot, zero, inf),
         }
+        if self.att_query is None:
+            return side
+        m_att = self._att_songs()(flat)  # (G, RL, d)
+        if self.att_metric is None:  # "dot": logits q^(a)·s_t^(a)
+            side["att_w2"] = m_att.transpose(1, 2)  # (G, d, RL)
+            return side
+        w_att = self.att_metric.square()  # (d,)
+        # metric: 2 B4²⊙s_t^(a) (G, d, RL) and |B4⊙s_t^(a)|², +inf at closed slots (G, 1, RL)
+        side["att_w2"] = (2.0 * m_att * w_att).transpose(1, 2)
+        side["att_norm"] = torch.where(open_slot, (m_att.square() @ w_att).unsqueeze(1), inf)
+        return side
 
-    def _user_side(self, u: Tensor, u_att: Tensor) -> tuple[Tensor, Tensor]:
-        """W1_u u and W2_u u^(a) of eqs. 12 and 16 for user vectors (G, d): (G, 1, d) each."""
-        w1_u, _ = self._split(self.query)
-        w2_u, _ = self._split(self.att_query)
-        return F.linear(u, w1_u).unsqueeze(1), F.linear(u_att, w2_u).unsqueeze(1)
+    def _context_side(self, c: Tensor, c_att: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """W1_c c and W2_c c^(a) of eqs. 12 and 16 for context vectors (G, k): (G, 1, d) each
+        (the second None for attention "none")."""
+        w1_c, _ = self._split(self.query)
+        a_out = F.linear(c, w1_c).unsqueeze(1)
+        if self.att_query is None or c_att is None:
+            return a_out, None
+        w2_c, _ = self._split(self.att_query)
+        return a_out, F.linear(c_att, w2_c).unsqueeze(1)
 
     def _grouped_scores(
         self,
         side: dict[str, Tensor],
         a_out: Tensor,
-        a_att: Tensor,
+        a_att: Tensor | None,
         s_out: Tensor,
-        s_att: Tensor,
+        s_att: Tensor | None,
         bias: Tensor,
     ) -> Tensor:
         """(G, Vc, R) eq. 19 of Vc candidate songs (output vectors ``s_out``, attention vectors
@@ -322,16 +428,22 @@ class MASS(Recommender):
         Expanding eqs. 14-15, d²_t = |B3⊙q|² - 2 (B3²⊙q)·s_t + |B3⊙s_t|²; since Σ_t α_t = 1
         the first term leaves the attention sum, and |B4⊙q^(a)|² is constant over t so it
         cancels in the softmin (eq. 18). Padded slots get -inf attention logits and zero
-        output terms, so they never change a score."""
+        output terms, so they never change a score. The Table 4 variants change the logits
+        only: "dot" q^(a)·s_t^(a), "none" 0 at every real slot."""
         n_groups, n, n_rows = a_out.shape[0], s_out.shape[0], side["has"].shape[-1]
         _, w1_s = self._split(self.query)
-        _, w2_s = self._split(self.att_query)
-        # eq. 16: q^(a) = ReLU(W2_u u^(a) + W2_s s^(a) + b2)           (G, Vc, d)
-        q_att = (a_att + F.linear(s_att, w2_s, self.att_query.bias)).relu_()
-        # eqs. 17-18: -d²a_t + |B4⊙q^(a)|² = 2 (B4²⊙q^(a))·s_t^(a) - |B4⊙s_t^(a)|²
-        logits = torch.baddbmm(side["att_norm"], q_att, side["att_w2"], beta=-1.0)  # (G, Vc, RL)
-        alpha = torch.softmax(logits.view(n_groups, n, n_rows, -1), dim=-1)  # (G, Vc, R, L)
-        # eq. 12: q = ReLU(W1_u u + W1_s s_k + b1)                       (G, Vc, d)
+        if self.att_query is None or a_att is None or s_att is None:
+            # attention "none": α_t = 1/|members|, the same for every candidate
+            logits = (-side["att_norm"]).expand(n_groups, n, -1)  # (G, Vc, RL)
+        else:
+            _, w2_s = self._split(self.att_query)
+            # eq. 16: q^(a) = ReLU(W2_c c^(a) + W2_s s^(a) + b2)           (G, Vc, d)
+            q_att = (a_att + F.linear(s_att, w2_s, self.att_query.bias)).relu_()
+            # eqs. 17-18: -d²a_t + |B4⊙q^(a)|² = 2 (B4²⊙q^(a))·s_t^(a) - |B4⊙s_t^(a)|²
+            # ("dot": q^(a)·s_t^(a) - 0)                                   (G, Vc, RL)
+            logits = torch.baddbmm(side["att_norm"], q_att, side["att_w2"], beta=-1.0)
+        alpha = torch.softmax(logits.reshape(n_groups, n, n_rows, -1), dim=-1)  # (G, Vc, R, L)
+        # eq. 12: q = ReLU(W1_c c + W1_s s_k + b1)                       (G, Vc, d)
         q = (a_out + F.linear(s_out, w1_s, self.query.bias)).relu_()
         # eqs. 14-15 without |B3⊙q|²: |B3⊙s_t|² - 2 (B3²⊙q)·s_t    (G, Vc, R, L)
         terms = torch.baddbmm(side["out_norm"], q, side["out_w"], alpha=-2.0)
@@ -342,7 +454,9 @@ class MASS(Recommender):
 
     def export_weights(self) -> dict[str, Tensor]:
         """The tensors of eqs. 12-19 by name, detached (the export's only view of this model).
-        W [u; s] = W_u u + W_s s, so each query matrix comes as its two (d, d) halves.
+        W [u; s] = W_u u + W_s s, so each query matrix comes as its two (d, d) halves. Only the
+        paper's MASS (context "user", attention "mem-metric") exports; the ablations of Tables
+        3-4 raise a MasrError.
 
         output side (eqs. 12, 14-15, 19):
             user              (n_users, d)   U
@@ -360,6 +474,15 @@ class MASS(Recommender):
             att_query_bias    (d,)           b2
             att_metric        (d,)           B4 (eq. 17)
         """
+        cfg = self.config
+        if (cfg.context, cfg.attention) != ("user", "mem-metric"):
+            raise MasrError(
+                f"mass context={cfg.context} attention={cfg.attention}: only the paper's MASS "
+                "(context=user, attention=mem-metric) exports to ONNX"
+            )
+        assert self.user_emb is not None and self.att_user_emb is not None
+        assert self.att_song_emb is not None and self.att_query is not None
+        assert self.att_metric is not None
         w1_u, w1_s = self._split(self.query)
         w2_u, w2_s = self._split(self.att_query)
         tensors = {

@@ -2,8 +2,14 @@
 
     o_MDR(u, p, s) = |B1 ⊙ (u - s)|² + |B2 ⊙ (p - s)|² + θ_s          (eq. 11; lower = better)
 
+Table 3's ablations keep one of the two terms (``MDRConfig.terms``; section 5.3):
+
+    "ups" (MDR_ups, the paper's MDR):  eq. 11 as above
+    "us"  (MDR_us):  o = |B1 ⊙ (u - s)|² + θ_s        (no playlist embedding, no B2)
+    "ps"  (MDR_ps):  o = |B2 ⊙ (p - s)|² + θ_s        (no user embedding, no B1)
+
 Public API:
-    MDRConfig(dim=64, dropout=0.2, init_std=None)
+    MDRConfig(dim=64, dropout=0.2, init_std=None, terms="ups")
     MDR(config, n_users, n_playlists, n_songs)
     MDR.distance(batch, songs (B, C)) -> (B, C)                 training / sampled evaluation
     MDR.full_distance(batch, chunk=8192) -> (B, V)              full ranking (GEMM form)
@@ -14,7 +20,8 @@ Public API:
         and tests/test_models_onnx.py traces it to ONNX. No Python control flow depends on
         tensor values; B is dynamic.
     MDR.export_weights() -> dict[str, Tensor]
-        the named tensors of eq. 11; ``masr.export`` builds its ONNX graph from these alone.
+        the named tensors of eq. 11; ``masr.export`` builds its ONNX graph from these alone
+        (the default terms "ups" only: the ablations refuse with a MasrError).
     mahalanobis_sq(diff (..., d), metric (d,), dropout) -> (...)   shared with MASS
 
 Initialisation (documented choice): embeddings N(0, σ²) with σ = init_std or 1/dim (the authors'
@@ -35,6 +42,9 @@ from torch import Tensor, nn
 from masr.errors import MasrError
 from masr.models.base import Batch, ModelConfig, Recommender
 
+#: which terms of eq. 11 MDR keeps: both (the paper's MDR_ups), user-song or playlist-song only
+MDR_TERMS = ("ups", "us", "ps")
+
 
 @dataclass
 class MDRConfig(ModelConfig):
@@ -43,9 +53,12 @@ class MDRConfig(ModelConfig):
     dim: int = 64  # embedding size d
     dropout: float = 0.2  # on the scaled difference B ⊙ (x - y) before squaring, train mode only
     init_std: float | None = None  # std of the embedding init; None = 1 / dim
+    terms: str = "ups"  # eq. 11's terms: "ups" both, "us" user-song only, "ps" playlist-song only
 
     def __post_init__(self) -> None:
         check_common("mdr", self.dim, self.dropout, self.init_std)
+        if self.terms not in MDR_TERMS:
+            raise MasrError(f"mdr terms: {self.terms!r} is not one of {', '.join(MDR_TERMS)}")
 
 
 def check_common(model: str, dim: int, dropout: float, init_std: float | None) -> None:
@@ -111,26 +124,38 @@ class MDR(Recommender):
     def __init__(self, config: MDRConfig, n_users: int, n_playlists: int, n_songs: int):
         super().__init__(config, n_users, n_playlists, n_songs)
         d = config.dim
-        self.user_emb = nn.Embedding(n_users, d)  # u_i
-        self.playlist_emb = nn.Embedding(n_playlists, d)  # p_j
+        # the user term exists unless terms == "ps", the playlist term unless terms == "us"
+        has_u, has_p = "u" in config.terms, "p" in config.terms
+        self.user_emb = nn.Embedding(n_users, d) if has_u else None  # u_i
+        self.playlist_emb = nn.Embedding(n_playlists, d) if has_p else None  # p_j
         self.song_emb = nn.Embedding(n_songs, d)  # s_k
         self.song_bias = nn.Embedding(n_songs, 1)  # θ_s (an embedding: APR perturbs it per row)
-        self.metric_user = nn.Parameter(torch.ones(d))  # B1
-        self.metric_playlist = nn.Parameter(torch.ones(d))  # B2
+        self.metric_user = nn.Parameter(torch.ones(d)) if has_u else None  # B1
+        self.metric_playlist = nn.Parameter(torch.ones(d)) if has_p else None  # B2
         for emb in (self.user_emb, self.playlist_emb, self.song_emb):
-            init_embedding(emb, d, config.init_std)
+            if emb is not None:
+                init_embedding(emb, d, config.init_std)
         nn.init.zeros_(self.song_bias.weight)
+
+    def _sides(self, users: Tensor, playlists: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """(row vectors (B, d), metric (d,)) of each kept term of eq. 11: (u, B1), (p, B2)."""
+        sides = []
+        if self.user_emb is not None and self.metric_user is not None:
+            sides.append((self.user_emb(users), self.metric_user))
+        if self.playlist_emb is not None and self.metric_playlist is not None:
+            sides.append((self.playlist_emb(playlists), self.metric_playlist))
+        return sides
 
     def distance(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, C) MDR distances, eq. 11, of each row's (user, playlist) to its candidate songs."""
         p_drop = self.config.dropout
-        u = self.user_emb(batch.users).unsqueeze(1)  # (B, 1, d)
-        p = self.playlist_emb(batch.playlists).unsqueeze(1)  # (B, 1, d)
         s = self.song_emb(songs)  # (B, C, d)
-        # eq. 11: o = |B1 ⊙ (u - s)|² + |B2 ⊙ (p - s)|² + θ_s
-        o_us = mahalanobis_sq(u - s, self.metric_user, p_drop, self.training)  # (B, C)
-        o_ps = mahalanobis_sq(p - s, self.metric_playlist, p_drop, self.training)  # (B, C)
-        return o_us + o_ps + self.song_bias(songs).squeeze(-1)
+        # eq. 11: o = |B1 ⊙ (u - s)|² + |B2 ⊙ (p - s)|² + θ_s  (the kept terms of MDR_us/_ps)
+        terms = [
+            mahalanobis_sq(x.unsqueeze(1) - s, metric, p_drop, self.training)  # (B, C)
+            for x, metric in self._sides(batch.users, batch.playlists)
+        ]
+        return sum(terms[1:], terms[0]) + self.song_bias(songs).squeeze(-1)
 
     def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, N) eq. 11 to songs shared by every row (sampled softmax): the GEMM form of
@@ -138,32 +163,40 @@ class MDR(Recommender):
         differences it acts on are formed as in ``distance``."""
         if self.training and self.config.dropout > 0:
             return self.distance(batch, songs.unsqueeze(0))  # (1, N) broadcast against (B, 1)
-        u, p = self.user_emb(batch.users), self.playlist_emb(batch.playlists)  # (B, d)
-        w1, w2 = self.metric_user.square(), self.metric_playlist.square()  # (d,)
         s = self.song_emb(songs)  # (N, d)
-        song_term = s.square() @ (w1 + w2) + self.song_bias(songs).squeeze(-1)  # (N,)
-        row_term = u.square() @ w1 + p.square() @ w2  # (B,)
-        cross = (u * w1 + p * w2) @ s.T  # (B, N)
-        return row_term.unsqueeze(1) - 2.0 * cross + song_term.unsqueeze(0)
+        return self._gemm(self._sides(batch.users, batch.playlists), s, self.song_bias(songs))
 
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         """(B, V) eq. 11 against every catalog song, in GEMM form (one (B, d) x (d, V) product;
         ``chunk`` is unused: the whole catalog fits one product)."""
-        return self.full_distance_from_vectors(
-            self.user_emb(batch.users), self.playlist_emb(batch.playlists)
-        )
+        sides = self._sides(batch.users, batch.playlists)
+        return self._gemm(sides, self.song_emb.weight, self.song_bias.weight)
 
-    def full_distance_from_vectors(self, u: Tensor, p: Tensor) -> Tensor:
-        """(B, V) eq. 11 for user vectors ``u`` (B, d) and playlist vectors ``p`` (B, d).
+    def full_distance_from_vectors(self, u: Tensor | None, p: Tensor | None) -> Tensor:
+        """(B, V) eq. 11 for user vectors ``u`` (B, d) and playlist vectors ``p`` (B, d) (the
+        term an ablation lacks takes None)."""
+        sides = [
+            (x, m)
+            for x, m in ((u, self.metric_user), (p, self.metric_playlist))
+            if x is not None and m is not None
+        ]
+        return self._gemm(sides, self.song_emb.weight, self.song_bias.weight)
 
-        Expanded: |B1⊙(u-s)|² + |B2⊙(p-s)|² = |B1⊙u|² + |B2⊙p|² - 2 (B1²⊙u + B2²⊙p)·s
-        + (B1² + B2²)·s², so the only per-row work is one GEMM with the song table."""
-        w1, w2 = self.metric_user.square(), self.metric_playlist.square()  # (d,)
-        songs = self.song_emb.weight  # (V, d)
+    @staticmethod
+    def _gemm(sides: list[tuple[Tensor, Tensor]], songs: Tensor, bias: Tensor) -> Tensor:
+        """(B, N) eq. 11 of the kept terms ``sides`` [(x (B, d), B_x (d,))] to ``songs`` (N, d)
+        with biases (N, 1), in GEMM form.
+
+        Expanded: Σ_x |B_x⊙(x-s)|² = Σ_x |B_x⊙x|² - 2 (Σ_x B_x²⊙x)·s + (Σ_x B_x²)·s², so the
+        only per-row work is one GEMM with the song table."""
+        w = [m.square() for _, m in sides]  # B_x² (d,) each
+        w_sum = sum(w[1:], w[0])  # (d,)  B1² + B2²
         # per-song constant: (B1² + B2²)·s² + θ_s
-        song_term = songs.square() @ (w1 + w2) + self.song_bias.weight.squeeze(-1)  # (V,)
-        row_term = u.square() @ w1 + p.square() @ w2  # (B,)
-        cross = (u * w1 + p * w2) @ songs.T  # (B, V)
+        song_term = songs.square() @ w_sum + bias.squeeze(-1)  # (N,)
+        rows = [x.square() @ wx for (x, _), wx in zip(sides, w, strict=True)]
+        row_term = sum(rows[1:], rows[0])  # (B,)  |B1⊙u|² + |B2⊙p|²
+        lhs = [x * wx for (x, _), wx in zip(sides, w, strict=True)]
+        cross = sum(lhs[1:], lhs[0]) @ songs.T  # (B, N)  (B1²⊙u + B2²⊙p)·s
         return row_term.unsqueeze(1) - 2.0 * cross + song_term.unsqueeze(0)
 
     def export_weights(self) -> dict[str, Tensor]:
@@ -176,6 +209,12 @@ class MDR(Recommender):
         metric_user      (d,)               B1, the metric of the user term
         metric_playlist  (d,)               B2, the metric of the playlist term
         """
+        if self.config.terms != "ups":
+            raise MasrError(
+                f"mdr terms={self.config.terms}: only the paper's MDR (terms=ups) exports to ONNX"
+            )
+        assert self.user_emb is not None and self.playlist_emb is not None
+        assert self.metric_user is not None and self.metric_playlist is not None
         return {
             "user": self.user_emb.weight.detach(),
             "playlist": self.playlist_emb.weight.detach(),

@@ -10,6 +10,10 @@ docs/design.md). ``RUNS`` maps each run name to its model class and procedure:
 * ``fuse``: MASR (eq. 20) from the best checkpoints of the two ``parts`` (MDR-like, MASS-like),
   frozen; nothing is trained.
 
+A run may fix model settings (``RunSpec.settings``): the ablations of the paper's Table 3 are
+runs of their own (``mdr_us`` is MDR with ``terms="us"``), so their checkpoints never overwrite
+the paper's models; ``--set`` cannot contradict a fixed setting.
+
 A run's *signature* is everything that determines its result; equal signatures make a finished
 run reusable. The labels and order of the paper's Table 2 live here too, so that listing runs
 (the store) never needs the report. Torch-free.
@@ -35,6 +39,9 @@ class RunSpec:
     start_from: str | None = None  # apr: the run whose best checkpoint it starts from
     parts: tuple[str, ...] = ()  # fuse: (MDR-like run, MASS-like run)
     also: tuple[str, ...] = ()  # runs made first alongside it (amasr also leaves masr)
+    #: model-config fields this run fixes, e.g. (("terms", "us"),): they override the defaults,
+    #: a contradicting --set is an error, and they are part of the run's signature
+    settings: tuple[tuple[str, Any], ...] = ()
 
 
 #: run name -> how to make it. Baselines add one line each, e.g. ``"pop": RunSpec("pop")``.
@@ -58,6 +65,11 @@ RUNS: dict[str, RunSpec] = {
     "prme": RunSpec("prme"),
     "transrec": RunSpec("transrec"),
     "caser": RunSpec("caser"),
+    # Table 3's ablations (section 5.3): MDR with one term of eq. 11, MASS with other contexts
+    "mdr_us": RunSpec("mdr", settings=(("terms", "us"),)),
+    "mdr_ps": RunSpec("mdr", settings=(("terms", "ps"),)),
+    "mass_ups": RunSpec("mass", settings=(("context", "user+playlist"),)),
+    "mass_ps": RunSpec("mass", settings=(("context", "playlist"),)),
 }
 
 
@@ -84,15 +96,26 @@ def model_config(name: str, overrides: dict[str, Any]) -> Any:
     """The typed config of run ``name``'s model with the overrides its config has fields for."""
     from masr.models import model_class
 
-    cls = model_class(run_spec(name).model)
+    spec = run_spec(name)
+    cls = model_class(spec.model)
     names = {f.name for f in fields(cls.config_class)}
-    return cls.config_class(**{k: v for k, v in overrides.items() if k in names and v is not None})
+    values = {k: v for k, v in overrides.items() if k in names and v is not None}
+    for key, fixed in spec.settings:
+        if values.get(key, fixed) != fixed:
+            raise MasrError(
+                f"--set {key}={values[key]}: run {name} fixes {key}={fixed} "
+                f"(train --model {spec.model} --set {key}={values[key]} instead)"
+            )
+        values[key] = fixed
+    return cls.config_class(**values)
 
 
 def signature(name: str, options: RunOptions, fingerprint: str) -> dict[str, Any]:
     """Everything that determines run ``name``'s result: equal signatures -> reusable run."""
     spec = run_spec(name)
     sig: dict[str, Any] = {"run": name, "model": spec.model, "procedure": spec.procedure}
+    if spec.settings:
+        sig["settings"] = dict(spec.settings)
     sig["data"] = fingerprint
     if spec.procedure == "fuse":
         sig["alpha"] = options.alpha
@@ -160,12 +183,29 @@ OURS = (
     ("amasr", "AMASR"),
 )
 IMPROVED = ("masr", "amasr")
+#: the paper's Table 3 ablations (``mdr`` and ``mass`` are its MDR_ups and MASS_us)
+ABLATIONS = (
+    ("mdr_us", "MDR_us"),
+    ("mdr_ps", "MDR_ps"),
+    ("mass_ups", "MASS_ups"),
+    ("mass_ps", "MASS_ps"),
+)
+#: Table 3's rows in the paper's order: (run, label)
+TABLE3 = (
+    ("mdr_us", "MDR_us"),
+    ("mdr_ps", "MDR_ps"),
+    ("mdr", "MDR_ups (MDR)"),
+    ("mass", "MASS_us (MASS)"),
+    ("mass_ps", "MASS_ps"),
+    ("mass_ups", "MASS_ups"),
+)
 
 
 def run_order(names: Sequence[str]) -> list[str]:
-    """Run names in table order: paper baselines, other baselines, unknown names, ours."""
+    """Run names in table order: paper baselines, other baselines, unknown names, ours, then
+    the ablations."""
     known = [n for n, _ in PAPER_BASELINES + EXTRA_BASELINES]
-    ours = [n for n, _ in OURS]
+    ours = [n for n, _ in OURS + ABLATIONS]
     rank = {n: i for i, n in enumerate(known)}
     first = sorted((n for n in names if n in rank), key=rank.__getitem__)
     middle = sorted(n for n in names if n not in rank and n not in ours)

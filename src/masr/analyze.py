@@ -1,0 +1,185 @@
+"""The paper's analyses over trained runs (section 5.5): attention against PMI (Figure 6) and
+seconds per epoch (Figure 7).
+
+* ``pmi_attentive_scores``: for a held-out song k of a playlist and each member song t,
+  PMI(k, t) = log P(k, t) / (P(k) P(t)) over the training playlists (P(x): the share of
+  playlists holding x; P(k, t): holding both), then softmax over the members (the paper's
+  "PMI attentive scores"). A member never seen with k has PMI -inf (weight 0); a case whose
+  members never co-occur with k has no distribution and is skipped.
+* ``attention_correlation``: Pearson's ρ between those scores and the attention weights α
+  (eq. 18) that a MASS model gives the same members for the same held-out song.
+* ``epoch_seconds``: mean training seconds per epoch of runs, read from their run.json.
+
+Torch is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from masr.errors import MasrError
+
+if TYPE_CHECKING:
+    from masr.dataset import PreparedData
+    from masr.models.base import Recommender
+
+
+@dataclass
+class AttentionPairs:
+    """Per real member slot of the analysed cases: its PMI attentive score and its weight."""
+
+    label: str
+    run: str
+    pmi: np.ndarray  # (M,) softmax over each case's members of PMI(k, t)
+    weight: np.ndarray  # (M,) the model's α_t for the held-out song k
+    cases: int
+
+    @property
+    def pearson(self) -> float:
+        if len(self.pmi) < 2 or self.pmi.std() == 0 or self.weight.std() == 0:
+            return float("nan")
+        return float(np.corrcoef(self.pmi, self.weight)[0, 1])
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            # None where ρ is undefined (a constant side, e.g. attention "none" on equal lengths)
+            "pearson": None if np.isnan(self.pearson) else round(self.pearson, 6),
+            "pairs": int(len(self.pmi)),
+            "cases": self.cases,
+        }
+
+
+def song_playlists(data: PreparedData) -> list[np.ndarray]:
+    """For each catalog song, the sorted training playlists that hold it."""
+    order = np.argsort(data.train_song, kind="stable")
+    songs, playlists = data.train_song[order], data.train_playlist[order]
+    bounds = np.searchsorted(songs, np.arange(data.n_songs + 1))
+    return [np.unique(playlists[bounds[s] : bounds[s + 1]]) for s in range(data.n_songs)]
+
+
+def pmi_attentive_scores(
+    data: PreparedData, split: str = "test", max_cases: int = 500, seed: int = 0
+) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """(case indices, members per case, PMI attentive scores per case) for up to ``max_cases``
+    cases of ``split`` drawn with ``seed`` (0 = every case); see the module docstring."""
+    cases = data.test if split == "test" else data.valid
+    holders = song_playlists(data)
+    n_playlists = float(data.n_playlists)
+    pick = np.arange(len(cases))
+    if max_cases and len(pick) > max_cases:
+        pick = np.sort(np.random.default_rng(seed).choice(pick, max_cases, replace=False))
+    kept, members_of, scores_of = [], [], []
+    for i in pick:
+        p, k = int(cases.playlist[i]), int(cases.song[i])
+        if k >= data.n_songs:
+            continue
+        members = data.train_song[data.indptr[p] : data.indptr[p + 1]]
+        if len(members) == 0:
+            continue
+        with_k = holders[k]
+        both = np.array([np.intersect1d(with_k, holders[t]).size for t in members], float)
+        if not both.any():
+            continue
+        single = np.array([holders[t].size for t in members], float)
+        # PMI(k, t) = log P(k, t) / (P(k) P(t)), P(x) = playlists holding x / all playlists
+        with np.errstate(divide="ignore"):
+            pmi = np.log(both * n_playlists / (with_k.size * single))
+        top = pmi[np.isfinite(pmi)].max()
+        expo = np.where(np.isfinite(pmi), np.exp(pmi - top), 0.0)
+        kept.append(int(i))
+        members_of.append(members)
+        scores_of.append(expo / expo.sum())  # softmax over the members
+    return np.asarray(kept, dtype=np.int64), members_of, scores_of
+
+
+def mass_part(model: Recommender) -> Any:
+    """The MASS model inside a run: MASS itself, or the MASS part of a fusion."""
+    if model.name == "mass":
+        return model
+    if model.name == "masr":
+        return model.parts()[1]  # type: ignore[attr-defined]
+    raise MasrError(f"{model.name} has no attention: analyse a mass, amass or fusion run")
+
+
+def attention_label(model: Recommender) -> str:
+    """"mem-metric", "nonmem-dot" ... and the context when it is not the user's."""
+    cfg = mass_part(model).config
+    return cfg.attention + ("" if cfg.context == "user" else f" ({cfg.context})")
+
+
+def attention_correlation(
+    data: PreparedData,
+    run_dirs: Sequence[str | Path],
+    *,
+    split: str = "test",
+    max_cases: int = 500,
+    seed: int = 0,
+    device: str = "cpu",
+) -> list[AttentionPairs]:
+    """Figure 6: for each run directory (``runs/<run>``, a MASS run or a fusion), the PMI
+    attentive scores and the model's attention weights of the same member slots."""
+    import torch
+
+    from masr.checkpoint import load_model
+    from masr.models.base import Batch
+
+    cases, members_of, scores_of = pmi_attentive_scores(data, split, max_cases, seed)
+    if len(cases) == 0:
+        raise MasrError(f"{split}: no case with a member that co-occurs with its held-out song")
+    split_cases = data.test if split == "test" else data.valid
+    width = max(len(m) for m in members_of)
+    members = np.zeros((len(cases), width), dtype=np.int64)
+    mask = np.zeros((len(cases), width), dtype=bool)
+    for row, m in enumerate(members_of):
+        members[row, : len(m)], mask[row, : len(m)] = m, True
+    playlists = split_cases.playlist[cases]
+    batch = Batch(
+        torch.as_tensor(data.playlist_user[playlists]),
+        torch.as_tensor(playlists),
+        torch.as_tensor(members),
+        torch.as_tensor(mask),
+    ).to(device)
+    songs = torch.as_tensor(split_cases.song[cases]).unsqueeze(1).to(device)  # (B, 1)
+    pmi = np.concatenate(scores_of)
+    out = []
+    for run_dir in map(Path, run_dirs):
+        path = run_dir / "best.pt"
+        if not path.is_file():
+            raise MasrError(f"--runs {run_dir}: no best.pt (give run directories, runs/<run>)")
+        model, ckpt = load_model(path, device)
+        if ckpt.get("data_fingerprint") != data.fingerprint:
+            raise MasrError(f"{path}: trained on other prepared data than {data.path}")
+        mass = mass_part(model).eval()
+        with torch.no_grad():
+            alpha = mass.attention(batch, songs)[:, 0].cpu().numpy()  # (B, L), eq. 18
+        out.append(AttentionPairs(attention_label(model), str(run_dir), pmi, alpha[mask],
+                                  len(cases)))
+    return out
+
+
+def epoch_seconds(run_dirs: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
+    """Figure 7: {run: {"seconds_per_epoch", "epochs", "model", "procedure", "device"}} from
+    each run.json's history (training time only, validation excluded); runs without a
+    gradient-training history (fitted, fused) are left out."""
+    from masr.runs.store import read_run_json
+
+    out: dict[str, dict[str, Any]] = {}
+    for run_dir in map(Path, run_dirs):
+        info = read_run_json(run_dir) or {}
+        times = [h["train_seconds"] for h in info.get("history", []) if "train_seconds" in h]
+        if not times:
+            continue
+        out[run_dir.name] = {
+            "seconds_per_epoch": round(float(np.mean(times)), 4),
+            "epochs": len(times),
+            "model": info.get("model"),
+            "procedure": info.get("procedure"),
+            "device": info.get("device"),
+        }
+    return out

@@ -1,0 +1,102 @@
+"""The PNGs of the paper's analyses (Figures 5-7): matplotlib is the optional extra
+``masr[plot]``, imported inside each function; every PNG is written aside, then renamed.
+
+* ``plot_dims``: quality against the embedding size d (Figure 5);
+* ``plot_attention``: PMI attentive scores against learned attention weights (Figure 6);
+* ``plot_epoch_seconds``: seconds per training epoch of every model (Figure 7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from masr.errors import MasrError
+
+
+def have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MasrError(
+            "the plots need matplotlib; install it with `pip install 'masr[plot]'`"
+        ) from None
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    from masr.atomic import atomic_path
+
+    plt = _pyplot()
+    fig.tight_layout()
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=110)
+    except OSError as exc:
+        raise MasrError(f"{path}: cannot write ({exc.strerror})") from None
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_dims(table: dict[str, dict[str, dict[str, float]]], path: str | Path) -> Path:
+    """Figure 5: ``table`` {run: {dim: {metric: value}}} as hit@10 and ndcg@10 against d."""
+    plt = _pyplot()
+    metrics = ("hit@10", "ndcg@10")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric in zip(axes, metrics, strict=True):
+        for run, by_dim in table.items():
+            dims = sorted(by_dim, key=int)
+            ax.plot([int(d) for d in dims], [by_dim[d][metric] for d in dims], marker="o",
+                    label=run)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("embedding size d")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, Path(path))
+
+
+def plot_attention(
+    panels: dict[str, tuple[list[float], list[float], float]], path: str | Path
+) -> Path:
+    """Figure 6: one scatter per attention variant, {label: (pmi_scores, weights, rho)}."""
+    plt = _pyplot()
+    n = max(1, len(panels))
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.4), squeeze=False)
+    for ax, (label, (pmi, weights, rho)) in zip(axes[0], panels.items(), strict=False):
+        ax.scatter(pmi, weights, s=4, alpha=0.4)
+        ax.set_title(f"{label} (ρ = {rho:.3f})", fontsize=9)
+        ax.set_xlabel("PMI attentive score")
+        ax.set_ylabel("attention weight")
+        ax.grid(alpha=0.3)
+    return _save(fig, Path(path))
+
+
+def plot_epoch_seconds(seconds: dict[str, float], path: str | Path) -> Path:
+    """Figure 7: seconds per training epoch, one bar per model."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(seconds) + 2), 4))
+    names = list(seconds)
+    ax.bar(names, [seconds[n] for n in names])
+    ax.set_ylabel("seconds per epoch")
+    ax.tick_params(axis="x", rotation=60)
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, Path(path))
+
+
+def maybe(plot: Callable[..., Path], *args: Any) -> Path | None:
+    """``plot(*args)``, or None without matplotlib (reproduce writes its tables regardless)."""
+    return plot(*args) if have_matplotlib() else None

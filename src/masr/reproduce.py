@@ -1,0 +1,342 @@
+"""One entry point for the paper's experiments (section 5): Tables 2-4 and Figures 4-7 on a
+prepared dataset, every run under one time budget, written as JSON tables, PNGs and a markdown
+report (``masr reproduce``).
+
+Layout of ``out/``::
+
+    runs/main/              Table 2 (the AMASR chain, the baselines), Table 3's ablations
+    runs/attention-<a>/     Table 4: MASS with --set attention=<a> (mem-metric is runs/main)
+    runs/apr-<noise>-<eps>/ APR with fixed / flexible noise and eps 0.5 / 1.0 (mdr and mass
+                            copied from runs/main, so only the APR runs are trained)
+    runs/dim-<d>/           Figure 5: the chain at embedding size d (d = 64 is runs/main)
+    table2.json table3.json table4.json apr_noise.json fig5_dims.json fig6_attention.json
+    fig7_speed.json         the tables ({run: {protocol: {metric: value}}} and the like)
+    fig4_hits.png fig5_dims.png fig6_attention.png fig7_speed.png   (with matplotlib)
+    report.md               every table in markdown, with the time each stage took
+
+A run that already finished with the same signature is reused, so an interrupted reproduce
+continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from masr.config import (
+    REPRODUCE_APR,
+    AdversarialConfig,
+    ReproduceConfig,
+    RunOptions,
+    TrainConfig,
+)
+from masr.runs.registry import (
+    ABLATIONS,
+    EXTRA_BASELINES,
+    OURS,
+    PAPER_BASELINES,
+    TABLE3,
+    run_order,
+)
+
+Log = Callable[[str], None]
+#: Table 4's rows in the paper's order, then the no-attention design
+TABLE4 = ("nonmem-dot", "nonmem-metric", "mem-dot", "mem-metric", "none")
+#: the metrics every table reports: (protocol, metric)
+COLUMNS = (("sampled", "hit@10"), ("sampled", "ndcg@10"), ("full", "hit@10"), ("full", "ndcg@10"))
+
+
+@dataclass
+class ReproduceResult:
+    """What ``reproduce`` wrote: the report, the tables and PNGs, seconds per stage."""
+
+    report: Path
+    files: list[Path] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def reproduce(
+    data_dir: str | Path, out: str | Path, config: ReproduceConfig | None = None,
+    log: Log | None = None,
+) -> ReproduceResult:
+    """Train and evaluate what Tables 2-4 and Figures 4-7 need; see the module docstring."""
+    from masr.dataset import load_prepared
+
+    config = config or ReproduceConfig()
+    say = log or (lambda _msg: None)
+    data, out = load_prepared(data_dir), Path(out)
+    runs = out / "runs"
+    base = RunOptions(
+        train=TrainConfig(epochs=config.epochs, time_limit=config.time_limit, seed=config.seed),
+        adversarial=AdversarialConfig(epochs=config.adv_epochs),
+        device=config.device,
+    )
+    stage = _Stages(say)
+    tables: dict[str, Any] = {}
+
+    with stage("Table 2 and Table 3: the AMASR chain, baselines, ablations"):
+        main = runs / "main"
+        names = ["amasr"] + [n for n, _ in PAPER_BASELINES + EXTRA_BASELINES] * config.baselines
+        for name in [*names, *(n for n, _ in ABLATIONS)]:
+            _make(name, data, main, base, say)
+        tables["table2"] = _evaluate(data, main, ["all"], config, say)
+        tables["table3"] = {run: tables["table2"][run] for run, _ in TABLE3}
+
+    with stage("Table 4: MASS's attention variants"):
+        att_dirs = {a: main if a == "mem-metric" else runs / f"attention-{a}" for a in TABLE4}
+        for a, where in att_dirs.items():
+            _make("mass", data, where, replace(base, model={"attention": a}), say)
+        tables["table4"] = {
+            a: _evaluate(data, where, ["mass"], config, say)["mass"]
+            for a, where in att_dirs.items()
+        }
+
+    with stage("APR: fixed vs flexible noise, eps 0.5 / 1.0"):
+        apr = {"flexible eps=1.0": {r: tables["table2"][r] for r in ("amdr", "amass", "amasr")}}
+        for noise, eps in REPRODUCE_APR:
+            where = runs / f"apr-{noise}-{eps}"
+            _copy_runs(main, where, ("mdr", "mass"))
+            options = replace(base, adversarial=replace(base.adversarial, noise=noise, eps=eps))
+            _make("amasr", data, where, options, say)
+            apr[f"{noise} eps={eps}"] = _evaluate(data, where, ["amdr", "amass", "amasr"],
+                                                  config, say)
+        tables["apr_noise"] = apr
+
+    with stage("Figure 5: quality against the embedding size"):
+        chain = ["mdr", "mass", "masr"] + ["amdr", "amass", "amasr"] * (config.dim_chain == "amasr")
+        dims: dict[str, dict[str, Any]] = {run: {} for run in chain}
+        for d in config.dims:
+            where = main if d == _default_dim() else runs / f"dim-{d}"
+            if where is not main:
+                _make(config.dim_chain, data, where, replace(base, model={"dim": d}), say)
+            for run, res in _evaluate(data, where, chain, config, say).items():
+                dims[run][str(d)] = res
+        tables["fig5_dims"] = dims
+
+    with stage("Figure 6: attention against PMI"):
+        from masr.analyze import attention_correlation
+
+        pairs = attention_correlation(
+            data, [att_dirs[a] / "mass" for a in TABLE4], max_cases=config.attention_cases,
+            seed=config.seed,
+        )
+        tables["fig6_attention"] = {p.label: p.summary() for p in pairs}
+
+    with stage("Figure 7: seconds per epoch"):
+        from masr.analyze import epoch_seconds
+
+        trained = run_order([p.name for p in main.iterdir() if p.is_dir()])
+        tables["fig7_speed"] = epoch_seconds([main / run for run in trained])
+
+    files = _write_tables(out, tables)
+    files += _write_figures(out, tables, pairs)
+    report = _write_report(out, tables, stage.seconds, config, data.path)
+    say(f"wrote {report} and {len(files)} tables and figures in {out}")
+    return ReproduceResult(report, [report, *files], stage.seconds)
+
+
+def _default_dim() -> int:
+    from masr.models.mdr import MDRConfig
+
+    return MDRConfig().dim
+
+
+class _Stages:
+    """``with stage(title):`` logs the title and records the seconds it took."""
+
+    def __init__(self, say: Log) -> None:
+        self.say, self.seconds = say, {}
+        self._title, self._t0 = "", 0.0
+
+    def __call__(self, title: str) -> _Stages:
+        self._title = title
+        return self
+
+    def __enter__(self) -> None:
+        self.say(f"== {self._title}")
+        self._t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds[self._title] = round(time.perf_counter() - self._t0, 1)
+
+
+def _make(name: str, data: Any, runs_dir: Path, options: RunOptions, say: Log) -> None:
+    """Run ``name`` in ``runs_dir``, unless it finished there with the same signature."""
+    from masr.runs import read_run_json, signature, train_run
+
+    info = read_run_json(runs_dir / name) or {}
+    if (
+        info.get("status") == "finished"
+        and info.get("signature") == signature(name, options, data.fingerprint)
+        and (runs_dir / name / "best.pt").is_file()
+    ):
+        say(f"{runs_dir.name}/{name}: finished before, reused")
+        return
+    for outcome in train_run(name, data, runs_dir, options, log=say):
+        say(f"{runs_dir.name}/{outcome.run}: {outcome.action} in {outcome.seconds:.1f} s")
+
+
+def _copy_runs(src: Path, dst: Path, names: tuple[str, ...]) -> None:
+    """Copy finished runs (best.pt, run.json) so that a chain in ``dst`` reuses them."""
+    for name in names:
+        if not (dst / name / "best.pt").is_file():
+            (dst / name).mkdir(parents=True, exist_ok=True)
+            for file in ("run.json", "best.pt"):
+                shutil.copy2(src / name / file, dst / name / file)
+
+
+#: (runs directory, run) -> its test metrics, within one process: runs/main's mass and the
+#: d = 64 chain are evaluated once for Tables 2-4 and Figure 5 alike
+_EVALUATED: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
+
+
+def _evaluate(
+    data: Any, runs_dir: Path, names: list[str], config: ReproduceConfig, say: Log
+) -> dict[str, dict[str, dict[str, float]]]:
+    from masr.report import evaluate_runs, to_jsonable
+    from masr.runs import read_run_json
+
+    def key(run: str) -> tuple[str, str]:
+        info = read_run_json(runs_dir / run) or {}  # the signature: a remade run is new
+        return str(runs_dir.resolve() / run), json.dumps(
+            [info.get("signature"), info.get("finished"), config.full_sample, config.seed],
+            sort_keys=True, default=str,
+        )
+
+    if names == ["all"]:
+        from masr.runs import available_runs
+
+        names = available_runs(runs_dir)
+    todo = [n for n in names if key(n) not in _EVALUATED]
+    if todo:
+        results = evaluate_runs(
+            data, runs_dir, todo, device=config.device, full_sample=config.full_sample,
+            sample_seed=config.seed, log=say,
+        )
+        for run, res in to_jsonable(results).items():
+            _EVALUATED[key(run)] = res
+    return {run: _EVALUATED[key(run)] for run in run_order(names)}
+
+
+def _write_tables(out: Path, tables: dict[str, Any]) -> list[Path]:
+    from masr.atomic import atomic_file
+
+    files = []
+    for name, table in tables.items():
+        path = out / f"{name}.json"
+        with atomic_file(path, "w") as fh:
+            json.dump(table, fh, indent=2)
+            fh.write("\n")
+        files.append(path)
+    return files
+
+
+def _write_figures(out: Path, tables: dict[str, Any], pairs: list[Any]) -> list[Path]:
+    from masr.figures import have_matplotlib, plot_attention, plot_dims, plot_epoch_seconds
+    from masr.report import plot_hit_curves
+
+    if not have_matplotlib():
+        return []
+    dims = {
+        f"{run} ({protocol})": {d: res[protocol] for d, res in by_dim.items()}
+        for run, by_dim in tables["fig5_dims"].items() for protocol in ("sampled", "full")
+    }
+    speed = {run: v["seconds_per_epoch"] for run, v in tables["fig7_speed"].items()}
+    return [
+        plot_hit_curves(tables["table2"], out / "fig4_hits.png", title="test"),
+        plot_dims(dims, out / "fig5_dims.png"),
+        plot_attention(
+            {p.label: (p.pmi.tolist(), p.weight.tolist(), p.pearson) for p in pairs},
+            out / "fig6_attention.png",
+        ),
+        plot_epoch_seconds(speed, out / "fig7_speed.png"),
+    ]
+
+
+def _num(v: float | None) -> str:
+    return "—" if v is None else f"{v:.4f}"
+
+
+def _row(label: str, res: dict[str, dict[str, float]]) -> str:
+    cells = [res.get(p, {}).get(m) for p, m in COLUMNS]
+    return f"| {label} | " + " | ".join(map(_num, cells)) + " |"
+
+
+def _metric_table(rows: list[tuple[str, dict[str, Any]]], first: str = "Method") -> list[str]:
+    head = f"| {first} | sampled hit@10 | sampled ndcg@10 | full hit@10 | full ndcg@10 |"
+    return [head, "|---|---:|---:|---:|---:|", *(_row(label, res) for label, res in rows)]
+
+
+def _write_report(
+    out: Path, tables: dict[str, Any], seconds: dict[str, float], config: ReproduceConfig,
+    data_path: Path,
+) -> Path:
+    from masr.atomic import atomic_file
+
+    labels = dict(PAPER_BASELINES + EXTRA_BASELINES + OURS + ABLATIONS)
+    t2 = tables["table2"]
+    lines = [
+        "# masr reproduce",
+        "",
+        f"Data: `{data_path}`. Budget: {config.time_limit:g} s per run, at most "
+        f"{config.epochs} BPR / {config.adv_epochs} APR epochs, device {config.device}, "
+        f"seed {config.seed}. Test split; sampled = the held-out song against its stored "
+        "negatives, full = against every catalog song outside the playlist"
+        + (f" ({config.full_sample} cases)." if config.full_sample else "."),
+        "",
+        "## Table 2: all models",
+        "",
+        *_metric_table([(labels.get(r, r), t2[r]) for r in t2 if r not in dict(ABLATIONS)]),
+        "",
+        "## Table 3: playlist and user embeddings",
+        "",
+        *_metric_table([(label, tables["table3"][r]) for r, label in TABLE3]),
+        "",
+        "## Table 4: MASS's attention",
+        "",
+        *_metric_table(list(tables["table4"].items()), "attention"),
+        "",
+        "## APR: fixed vs flexible noise",
+        "",
+        *_metric_table(
+            [(f"{labels[r]} ({setting})", res) for setting, by_run in
+             tables["apr_noise"].items() for r, res in by_run.items()],
+            "run (noise)",
+        ),
+        "",
+        "## Figure 5: embedding size",
+        "",
+        *_metric_table(
+            [(f"{labels[r]} d={d}", res) for r, by_dim in tables["fig5_dims"].items()
+             for d, res in by_dim.items()],
+            "run",
+        ),
+        "",
+        "## Figure 6: attention weights against PMI attentive scores",
+        "",
+        "| attention | Pearson ρ | member slots | cases |",
+        "|---|---:|---:|---:|",
+        *(f"| {a} | {_num(v['pearson'])} | {v['pairs']} | {v['cases']} |"
+          for a, v in tables["fig6_attention"].items()),
+        "",
+        "## Figure 7: seconds per training epoch (runs/main)",
+        "",
+        "| run | s/epoch | epochs | device |",
+        "|---|---:|---:|---|",
+        *(f"| {r} | {v['seconds_per_epoch']:.3f} | {v['epochs']} | {v['device']} |"
+          for r, v in tables["fig7_speed"].items()),
+        "",
+        "## Time per stage",
+        "",
+        *(f"- {title}: {s:.1f} s" for title, s in seconds.items()),
+        "",
+    ]
+    path = out / "report.md"
+    with atomic_file(path, "w") as fh:
+        fh.write("\n".join(lines))
+    return path

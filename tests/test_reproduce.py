@@ -1,0 +1,98 @@
+"""The analyses (Figures 6-7) and `masr reproduce` end to end on tiny planted data."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from masr.analyze import attention_correlation, epoch_seconds, pmi_attentive_scores
+from masr.dataset import PreparedData, load_prepared
+from masr_cli.main import app
+
+runner = CliRunner()
+
+
+def _invoke(args: list[str]) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    return result.stderr
+
+
+def test_pmi_attentive_scores_match_a_loop_over_playlists(planted: PreparedData) -> None:
+    cases, members_of, scores_of = pmi_attentive_scores(planted, "test", max_cases=0)
+    sets = [
+        set(planted.train_song[planted.indptr[p] : planted.indptr[p + 1]].tolist())
+        for p in range(planted.n_playlists)
+    ]
+    n = len(sets)
+    assert len(cases) > 0
+    for i, members, scores in zip(cases, members_of, scores_of, strict=True):
+        k = int(planted.test.song[i])
+        pmi = []
+        for t in members.tolist():
+            both = sum(1 for s in sets if k in s and t in s)
+            p_k = sum(1 for s in sets if k in s) / n
+            p_t = sum(1 for s in sets if t in s) / n
+            pmi.append(math.log(both / n / (p_k * p_t)) if both else -math.inf)
+        top = max(x for x in pmi if x > -math.inf)
+        expo = [math.exp(x - top) if x > -math.inf else 0.0 for x in pmi]
+        assert scores.tolist() == pytest.approx([e / sum(expo) for e in expo], abs=1e-12)
+
+
+def test_analyze_attention_and_speed_on_tiny_runs(planted_dir: Path, tmp_path: Path) -> None:
+    runs, runs_dot = tmp_path / "runs", tmp_path / "runs-dot"
+    common = ["--data", str(planted_dir), "--epochs", "2", "--dim", "8", "--device", "cpu"]
+    _invoke(["train", "--model", "mass", "--runs", str(runs), *common])
+    _invoke(["train", "--model", "mass", "--runs", str(runs_dot), "--set", "attention=mem-dot",
+             *common])
+    out = tmp_path / "analysis"
+    _invoke(["analyze", "attention", "--data", str(planted_dir), "--runs", str(runs / "mass"),
+             "--runs", str(runs_dot / "mass"), "--out", str(out), "--cases", "0"])
+    table = json.loads((out / "attention.json").read_text())
+    assert set(table) == {"mem-metric", "mem-dot"}
+    assert all(-1 <= v["pearson"] <= 1 and v["pairs"] > v["cases"] > 0 for v in table.values())
+    assert (out / "attention.png").stat().st_size > 0
+    # the same numbers from the library, and α sums to 1 over each case's members
+    data = load_prepared(planted_dir)
+    pairs = attention_correlation(data, [runs / "mass"], max_cases=0)[0]
+    assert pairs.pearson == pytest.approx(table["mem-metric"]["pearson"], abs=1e-6)
+    assert np.isclose(pairs.weight.sum(), pairs.cases)
+    _invoke(["analyze", "speed", "--runs", str(runs), "--out", str(out)])
+    speed = json.loads((out / "speed.json").read_text())
+    assert speed["mass"]["epochs"] == 2 and speed["mass"]["seconds_per_epoch"] > 0
+    assert epoch_seconds([tmp_path / "nowhere"]) == {}
+
+
+def test_reproduce_end_to_end_then_reuses_every_run(planted_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    args = ["reproduce", "--data", str(planted_dir), "--out", str(out), "--time-limit", "5",
+            "--epochs", "1", "--adv-epochs", "1", "--dims", "8,64", "--no-baselines",
+            "--device", "cpu", "--attention-cases", "0"]
+    _invoke(args)
+    for name in ("table2", "table3", "table4", "apr_noise", "fig5_dims", "fig6_attention",
+                 "fig7_speed"):
+        assert (out / f"{name}.json").is_file(), name
+    for name in ("fig4_hits", "fig5_dims", "fig6_attention", "fig7_speed"):
+        assert (out / f"{name}.png").stat().st_size > 0, name
+    table3 = json.loads((out / "table3.json").read_text())
+    assert list(table3) == ["mdr_us", "mdr_ps", "mdr", "mass", "mass_ps", "mass_ups"]
+    assert set(json.loads((out / "table4.json").read_text())) == {
+        "nonmem-dot", "nonmem-metric", "mem-dot", "mem-metric", "none"
+    }
+    assert set(json.loads((out / "apr_noise.json").read_text())) == {
+        "flexible eps=1.0", "flexible eps=0.5", "fixed eps=0.5", "fixed eps=1.0"
+    }
+    dims = json.loads((out / "fig5_dims.json").read_text())
+    assert set(dims) == {"mdr", "mass", "masr"} and set(dims["mdr"]) == {"8", "64"}
+    speed = json.loads((out / "fig7_speed.json").read_text())
+    assert {"mdr", "mass", "amdr", "amass", "mdr_us", "mass_ps"} <= set(speed)
+    report = (out / "report.md").read_text()
+    assert "## Table 3" in report and "MASS_ups" in report and "## Figure 7" in report
+    # a second reproduce reuses every run: nothing is trained again
+    second = _invoke(args)
+    assert "trained" not in second and "reused" in second
