@@ -342,6 +342,7 @@ class RichProgress:
 
     def __init__(self, first_line: str = "") -> None:
         self._first_line = first_line  # printed once, when the first training phase starts
+        self._live = False
         self._bars = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -357,13 +358,17 @@ class RichProgress:
         self._total = 0
 
     def __enter__(self) -> RichProgress:
-        self._bars.__enter__()
-        return self
+        self._live = False  # the bars start with the first training phase, so that a run that
+        return self  # fails before training leaves its one error line alone on stderr
 
     def __exit__(self, *exc: object) -> None:
-        self._bars.__exit__(*exc)  # type: ignore[arg-type]
+        if self._live:
+            self._bars.__exit__(*exc)  # type: ignore[arg-type]
 
     def start(self, title: str, epochs: int, steps: int, first_epoch: int) -> None:
+        if not self._live:
+            self._bars.__enter__()
+            self._live = True
         if self._first_line:
             console.print(f"[dim]{self._first_line}[/dim]")
             self._first_line = ""
