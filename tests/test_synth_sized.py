@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 import masr.synth as synth
 from masr.config import Columns
 from masr.errors import MasrError
-from masr.prep import prepare
+from masr.io import read_interactions
+from masr.prep import encode, prepare
 from masr.synth import SynthConfig, synthesize, write_synthetic
 from masr_cli.main import app
 
@@ -85,3 +86,23 @@ def test_playlist_as_user_without_a_user_column(tmp_path):
 
     m = prepare(src, tmp_path / "o", columns=Columns("pid", "pid", "track")).manifest
     assert m["users"] == m["playlists"] == 6 and m["playlists_with_several_users"] == 0
+
+
+def test_extras_read_apart_give_the_same_songs_table(tmp_path):
+    """prep reads track/artist names once per track (first row wins), not on every row."""
+    src = tmp_path / "x.csv"
+    pl.DataFrame(
+        {
+            "user_id": ["u"] * 12,
+            "playlist_id": ["a"] * 6 + ["b"] * 6,
+            "track_id": [f"t{i}" for i in (5, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6)],
+            "track_name": [f"n{i}" for i in range(12)],  # t1..t5 renamed in playlist b
+            "artist_name": ["x"] * 12,
+        }
+    ).write_csv(src)
+    apart = read_interactions(src, extras_apart=True)
+    whole = read_interactions(src)
+    assert "track_name" not in apart.frame.columns and apart.song_extras.height == 7
+    a = encode(apart.frame, apart.song_extras).song_extras
+    b = encode(whole.frame).song_extras
+    assert a.equals(b) and a["track_name"].to_list()[:2] == ["n5", "n1"]
