@@ -1,6 +1,6 @@
 """Benchmark `masr synth --playlists` + `masr prep` at Million-Playlist-Dataset shape.
 
-    python benchmarks/bench_mpd.py [--playlists 15000 75000 150000] [--cpu 1] [--keep]
+    python benchmarks/bench_mpd.py [--playlists 15000 75000 150000] [--cpu 1] [--keep] [--json mpd.json]
 
 For each size: `masr synth --playlists P --songs 2.26P --out mpd-P.parquet`, then
 `masr prep mpd-P.parquet --user-col playlist_id` (MPD has no users: each playlist is its own),
@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--playlists", type=int, nargs="+", default=[15_000, 75_000, 150_000])
     parser.add_argument("--cpu", default="1", help="taskset core list (default: core 1)")
     parser.add_argument("--keep", action="store_true", help="keep the inputs and outputs")
+    parser.add_argument("--json", default="mpd.json", help="file name in bench-out/")
     args = parser.parse_args()
     threads = len(args.cpu.split(",")) if "-" not in args.cpu else 2
     OUT.mkdir(exist_ok=True)
@@ -112,7 +113,7 @@ def main() -> None:
             for key in ("wall_s", "cpu_s", "peak_rss_mb")
         },
     }
-    (OUT / "mpd.json").write_text(json.dumps(result, indent=2) + "\n")
+    (OUT / args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["fits"], indent=2), file=sys.stderr)
 
 
