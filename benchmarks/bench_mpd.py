@@ -1,6 +1,7 @@
 """Benchmark `masr synth --playlists` + `masr prep` at Million-Playlist-Dataset shape.
 
-    python benchmarks/bench_mpd.py [--playlists 15000 75000 150000] [--cpu 1] [--keep] [--json mpd.json]
+    python benchmarks/bench_mpd.py [--playlists 15000 75000 150000] [--cpu 1] [--keep]
+                                    [--json mpd.json]
 
 For each size: `masr synth --playlists P --songs 2.26P --out mpd-P.parquet`, then
 `masr prep mpd-P.parquet --user-col playlist_id` (MPD has no users: each playlist is its own),
