@@ -1,4 +1,4 @@
-"""`masr synth`: write the embedded synthetic dataset to a file."""
+"""`masr synth`: write the embedded synthetic dataset, or a playlist set of a given size."""
 
 from __future__ import annotations
 
@@ -23,14 +23,62 @@ def command(
         ),
     ],
     seed: Annotated[int, typer.Option(help="Seed of the generator (same seed, same rows).")] = 0,
-    users: Annotated[int, typer.Option(help="Number of users (about 5 playlists each).")] = 1000,
+    users: Annotated[
+        int | None,
+        typer.Option(
+            help="Number of users (default 1000, about 5 playlists each; with --playlists: "
+            "one user per playlist, as MPD has no users).",
+            show_default=False,
+        ),
+    ] = None,
+    playlists: Annotated[
+        int | None,
+        typer.Option(
+            help="Million-Playlist-Dataset shape with this many playlists: catalog 2.26 songs "
+            "per playlist, lengths 5..250 with mean 66, power-law popularity.",
+            show_default=False,
+        ),
+    ] = None,
+    songs: Annotated[
+        int | None,
+        typer.Option(help="Catalog size (songs that can be drawn).", show_default=False),
+    ] = None,
+    mean_length: Annotated[
+        float | None,
+        typer.Option(
+            help="Mean playlist length before deduplication (default 14; 66 with --playlists).",
+            show_default=False,
+        ),
+    ] = None,
+    names: Annotated[bool, typer.Option(help="Write track_name and artist_name columns.")] = True,
 ) -> None:
-    """Write the embedded synthetic playlist dataset (the one `masr prep` uses without INPUT).
+    """Write the embedded synthetic playlist dataset (the one `masr prep` uses without INPUT),
+    or, with --playlists, an MPD-shaped set of any size, streamed in bounded memory.
 
     Users have a few taste themes; each playlist follows one theme, often around two artists,
     with power-law song popularity and some noise. Columns: user_id, playlist_id, track_id,
     position, track_name, artist_name. `masr synth --out p.csv && masr prep p.csv` gives the
     same prepared data as `masr prep`.
+
+    MPD's size (1M playlists, 2.26M songs, about 66M rows):
+    `masr synth --playlists 1000000 --songs 2262292 --out mpd.parquet`; MPD has no users, so
+    prepare it with each playlist its own user: `masr prep mpd.parquet --user-col playlist_id`.
     """
-    rows = write_synthetic(out, SynthConfig(users=users, seed=seed))
-    console.log(f"wrote {rows:,} rows ({users:,} users, seed {seed}) to {out}")
+    if playlists is not None:
+        kwargs = {} if mean_length is None else {"mean_length": mean_length}
+        cfg = SynthConfig.sized(
+            playlists, songs=songs, users=users, seed=seed, names=names, **kwargs
+        )
+    else:
+        base = SynthConfig()
+        cfg = SynthConfig(
+            users=base.users if users is None else users,
+            seed=seed,
+            songs=songs,
+            songs_per_playlist=base.songs_per_playlist if mean_length is None else mean_length,
+            names=names,
+        )
+    rows = write_synthetic(out, cfg)
+    console.log(
+        f"wrote {rows:,} rows ({cfg.users:,} users, {cfg.n_songs:,} songs, seed {seed}) to {out}"
+    )

@@ -140,22 +140,82 @@ def full_ranks(
         for start in range(0, len(cases), batch_size):
             playlists = playlists_all[start : start + batch_size].to(device)  # (B,)
             target = songs_all[start : start + batch_size].to(device).unsqueeze(1)  # (B, 1)
-            b = playlists.shape[0]
             batch = context_batch(index, playlists, uses_members=model.uses_members)
             d = _clean(model.full_distance(batch))  # (B, V)
-            excluded = torch.zeros((b, v), dtype=torch.bool, device=device)  # (B, V)
-            lengths = index.lengths(playlists)  # (B,)
-            row = torch.repeat_interleave(torch.arange(b, device=device), lengths)  # (T,)
-            first = torch.repeat_interleave(index.indptr[playlists], lengths)  # (T,)
-            offset = torch.arange(row.shape[0], device=device) - torch.repeat_interleave(
-                torch.cumsum(lengths, 0) - lengths, lengths
-            )
-            excluded[row, index.song[first + offset]] = True  # the playlist's training songs
+            excluded = _training_songs(index, playlists, v)  # (B, V)
             excluded.scatter_(1, target, True)  # the held-out song does not compete with itself
             d_target = d.gather(1, target)  # (B, 1)
             rank = ((d <= d_target) & ~excluded).sum(1)  # (B,)
             out.append(rank.cpu())
     return _unsort(out, order)
+
+
+def two_stage_ranks(
+    model: Recommender,
+    proposer: Recommender,
+    cases: Cases,
+    index: TrainingIndex,
+    n: int,
+    batch_size: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Full ranking in two stages: ``proposer.full_distance`` (MDR's one GEMM) proposes the
+    ``n`` nearest songs outside each playlist's training songs, and ``model.distance`` ranks
+    the held-out song among them only, so the exact cost over the catalog becomes a cost over
+    ``n`` songs. Returns ((C,) ranks, (C,) bool: the held-out song was proposed); a song not
+    proposed ranks past the catalog (a miss at every cutoff). With ``n`` >= the catalog every
+    eligible song is proposed and the ranks are :func:`full_ranks`' (ties against the song)."""
+    import torch
+
+    from masr.sampling import context_batch
+
+    if n < 1:
+        raise MasrError(f"--candidates {n}: must be >= 1")
+    device = index.device
+    v = index.n_songs
+    k = min(n, v)
+    if batch_size is None:
+        members = min(index.max_length, 10_000) if model.uses_members else 1
+        batch_size = max(1, min(1024, (_BUDGET * 4) // v, _BUDGET // (k * members)))
+    order = _by_length(model, cases, index)
+    playlists_all = torch.as_tensor(cases.playlist[order], dtype=torch.long)
+    songs_all = torch.as_tensor(cases.song[order], dtype=torch.long)
+    ranks, hits = [], []
+    with torch.no_grad():
+        for start in range(0, len(cases), batch_size):
+            playlists = playlists_all[start : start + batch_size].to(device)  # (B,)
+            target = songs_all[start : start + batch_size].to(device).unsqueeze(1)  # (B, 1)
+            ctx = context_batch(index, playlists, uses_members=proposer.uses_members)
+            d = _clean(proposer.full_distance(ctx))  # (B, V)
+            excluded = _training_songs(index, playlists, v)  # (B, V)
+            d = d.masked_fill(excluded, math.inf)
+            cand = torch.topk(d, k, dim=1, largest=False, sorted=False).indices  # (B, k)
+            eligible = ~excluded.gather(1, cand)  # fewer than k eligible songs: pad entries
+            is_target = (cand == target) & eligible
+            proposed = is_target.any(1)  # (B,)
+            batch = context_batch(index, playlists, uses_members=model.uses_members)
+            dc = _clean(model.distance(batch, cand))  # (B, k)
+            dt = _clean(model.distance(batch, target))  # (B, 1)
+            rank = ((dc <= dt) & eligible & ~is_target).sum(1)
+            ranks.append(torch.where(proposed, rank, torch.full_like(rank, v)).cpu())
+            hits.append(proposed.cpu())
+    return _unsort(ranks, order), _unsort(hits, order).astype(bool)
+
+
+def _training_songs(index: TrainingIndex, playlists: Tensor, v: int) -> Tensor:
+    """(B, V) bool: the training songs of each playlist of the batch."""
+    import torch
+
+    device = index.device
+    b = playlists.shape[0]
+    mask = torch.zeros((b, v), dtype=torch.bool, device=device)
+    lengths = index.lengths(playlists)  # (B,)
+    row = torch.repeat_interleave(torch.arange(b, device=device), lengths)  # (T,)
+    first = torch.repeat_interleave(index.indptr[playlists], lengths)  # (T,)
+    offset = torch.arange(row.shape[0], device=device) - torch.repeat_interleave(
+        torch.cumsum(lengths, 0) - lengths, lengths
+    )
+    mask[row, index.song[first + offset]] = True
+    return mask
 
 
 def evaluate_model(

@@ -38,6 +38,9 @@ class RawInput:
     format: str  # "csv", "tsv", "parquet", with "+gzip" when compressed
     rows: int
     checksum: str  # sha256 of the input bytes
+    #: with ``read_interactions(..., extras_apart=True)``: one row per track (``track`` plus the
+    #: extras, each track's first row in input order) instead of extras on every row
+    song_extras: pl.DataFrame | None = None
 
 
 def detect_format(path: Path, head: bytes) -> tuple[str, bool]:
@@ -145,8 +148,15 @@ def id_columns(path: str | Path, names: list[str], wanted: dict[str, str]) -> li
     return [pl.col(v).cast(pl.String).alias(k) for k, v in wanted.items()]
 
 
-def read_interactions(path: str | Path, columns: Columns | None = None) -> RawInput:
-    """Read ``path`` and return its id columns (renamed to user/playlist/track) and extras."""
+def read_interactions(
+    path: str | Path, columns: Columns | None = None, *, extras_apart: bool = False
+) -> RawInput:
+    """Read ``path`` and return its id columns (renamed to user/playlist/track) and extras.
+
+    ``extras_apart``: the extras (track and artist names, two long strings per row, most of a
+    large input's memory) are read by a second, streaming query that keeps one row per track,
+    into :attr:`RawInput.song_extras`, so they never exist per row in memory.
+    """
     columns = columns or Columns()
     path = Path(path)
     head = check_file(path)
@@ -161,7 +171,16 @@ def read_interactions(path: str | Path, columns: Columns | None = None) -> RawIn
         taken = set(wanted.values())
         if POSITION in names and POSITION not in taken:
             select.append(pl.col(POSITION))
-        select += [pl.col(c).cast(pl.String) for c in SONG_EXTRAS if c in names and c not in taken]
+        extras = [pl.col(c).cast(pl.String) for c in SONG_EXTRAS if c in names and c not in taken]
+        song_extras = None
+        if extras and extras_apart:
+            song_extras = (
+                lf.select(pl.col(wanted["track"]).cast(pl.String).alias("track"), *extras)
+                .unique(subset="track", keep="first", maintain_order=True)
+                .collect(engine="streaming")
+            )
+        else:
+            select += extras
         frame = lf.select(select).collect()
     except MasrError:
         raise
@@ -190,6 +209,7 @@ def read_interactions(path: str | Path, columns: Columns | None = None) -> RawIn
         format=kind + ("+gzip" if gz else ""),
         rows=frame.height,
         checksum=hasher.digest,
+        song_extras=song_extras,
     )
 
 

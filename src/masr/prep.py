@@ -124,8 +124,11 @@ def _codes(ids: pl.Series) -> tuple[np.ndarray, pl.Series]:
     return lookup[code], uniq.gather(rank)
 
 
-def encode(frame: pl.DataFrame) -> Encoded:
-    """Integer-encode a frame with columns user, playlist, track (+ position, extras)."""
+def encode(frame: pl.DataFrame, song_extras: pl.DataFrame | None = None) -> Encoded:
+    """Integer-encode a frame with columns user, playlist, track (+ position, extras).
+
+    ``song_extras``: the extras apart, one row per track (``track`` + extras), as read by
+    ``read_interactions(..., extras_apart=True)``; then the frame has none."""
     playlist, playlist_ids = _codes(frame["playlist"])
     song, track_ids = _codes(frame["track"])
     # the usual case, one user per playlist id: only each playlist's first user is encoded
@@ -140,8 +143,13 @@ def encode(frame: pl.DataFrame) -> Encoded:
         user, user_ids = _codes(users)
         owner, shared = _owners(playlist, user, len(playlist_ids))
     extras = [c for c in SONG_EXTRAS if c in frame.columns]
-    song_extras = None
-    if extras:
+    if song_extras is not None:  # one row per track already: put them in code order
+        song_extras = (
+            pl.DataFrame({"track": track_ids})
+            .join(song_extras, on="track", how="left", maintain_order="left")
+            .drop("track")
+        )
+    elif extras:
         first = pl.Series(song).is_first_distinct().to_numpy()
         song_extras = (
             frame.select(extras)
@@ -405,12 +413,12 @@ def _prepare(
     else:
         if synth_users is not None:
             raise MasrError("--users applies to the embedded dataset only; drop it or the INPUT")
-        raw = read_interactions(input_path, columns)
+        raw = read_interactions(input_path, columns, extras_apart=True)
         source = str(input_path)
     say(f"read {raw.rows:,} rows from {source} in {time.perf_counter() - t0:.2f}s")
 
-    enc = encode(raw.frame)
-    raw.frame = pl.DataFrame()  # free the strings
+    enc = encode(raw.frame, raw.song_extras)
+    raw.frame, raw.song_extras = pl.DataFrame(), None  # free the strings
     n_rows = len(enc.playlist)
 
     # 2. clean: dedupe, outliers, k-core fixpoint
@@ -431,8 +439,9 @@ def _prepare(
 
     # compact ids (order kept: sorted by id string)
     p_code, s_code = enc.playlist[rows], enc.song[rows]
+    enc.playlist = enc.song = np.empty(0, dtype=np.int32)  # per-row arrays: keep few alive
     p_keep = np.flatnonzero(np.bincount(p_code, minlength=len(enc.playlist_ids)))
-    p_new = np.full(len(enc.playlist_ids), -1, dtype=np.int64)
+    p_new = np.full(len(enc.playlist_ids), -1, dtype=np.int32)  # int32: half the memory
     p_new[p_keep] = np.arange(len(p_keep))
     u_code = enc.playlist_owner[p_keep]
     u_keep = np.flatnonzero(np.bincount(u_code, minlength=len(enc.user_ids)))
@@ -452,10 +461,11 @@ def _prepare(
     s_keep = np.flatnonzero(np.bincount(s_code, minlength=len(enc.track_ids)))
     in_train = np.bincount(s_code[role == 0], minlength=len(enc.track_ids)) > 0
     catalog, rest = s_keep[in_train[s_keep]], s_keep[~in_train[s_keep]]
-    s_new = np.full(len(enc.track_ids), -1, dtype=np.int64)
+    s_new = np.full(len(enc.track_ids), -1, dtype=np.int32)
     s_new[catalog] = np.arange(len(catalog))
     s_new[rest] = len(catalog) + np.arange(len(rest))
     song = s_new[s_code]  # (N,)
+    del p_code, s_code
     n_catalog = len(catalog)
 
     # 4. negatives: exclude every catalog song of the playlist
@@ -474,6 +484,7 @@ def _prepare(
     position = None
     if enc.position is not None:
         position = enc.position.gather(pl.Series(rows)).cast(pl.Int32)
+        enc.position = None
 
     # 5. write
     lengths = np.diff(indptr)

@@ -44,12 +44,18 @@ def evaluate_runs(
     full_sample: int = 0,
     sample_seed: int = 0,
     alphas: Sequence[float] = (),
+    candidates: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """``{run: {"sampled": metrics, "full": metrics}}`` for the named runs (``all`` = every
     run in ``runs_dir``), in table order; ``full_sample``: see ``evaluate_model``. Each fusion
     run (masr, amasr) is also evaluated with its parts re-weighted by every α in ``alphas``
-    (eq. 20), as ``<run>@α=<a>``: what another fusion weight would give, without retraining."""
+    (eq. 20), as ``<run>@α=<a>``: what another fusion weight would give, without retraining.
+
+    ``candidates`` > 0 adds ``"two_stage"`` to every run (on the same full-protocol cases):
+    the metrics when MDR proposes that many songs and the run ranks only those
+    (``evaluate.two_stage_ranks``), with ``candidates`` and ``proposed`` (the share of held-out
+    songs MDR proposed). MDR is a fusion run's own part, else the run named ``mdr``."""
     from masr.evaluate import evaluate_model
     from masr.sampling import TrainingIndex
     from masr.train import resolve_device
@@ -68,9 +74,12 @@ def evaluate_runs(
             wanted += [r for r in found if r not in wanted]
         elif n not in wanted:
             wanted.append(n)
+    if candidates < 0:
+        raise MasrError(f"--candidates {candidates}: must be >= 0 (0 = exact only)")
     dev = resolve_device(device)
     index = TrainingIndex.from_data(data, dev)
     results = {}
+    shared_mdr: list = []  # the `mdr` run, loaded once when a non-fusion run needs it
     for run in run_order(wanted):
         model, _ = load_run(runs_dir, run, data, dev)
         t0 = time.perf_counter()
@@ -84,6 +93,13 @@ def evaluate_runs(
             sample_seed=sample_seed,
         )
         log(f"{run}: evaluated on {split} in {time.perf_counter() - t0:.1f} s")
+        if candidates:
+            t0 = time.perf_counter()
+            proposer = _proposer(model, runs_dir, data, dev, shared_mdr)
+            results[run]["two_stage"] = two_stage_metrics(
+                model, proposer, data, split, index, candidates, full_sample, sample_seed
+            )
+            log(f"{run}: two-stage ({candidates} candidates) in {time.perf_counter() - t0:.1f} s")
         for a in alphas if hasattr(model, "with_alpha") else ():
             fused = model.with_alpha(a).to(dev)  # type: ignore[operator]
             results[f"{run}@α={a:g}"] = evaluate_model(
@@ -97,6 +113,48 @@ def evaluate_runs(
             )
     return results
 
+
+
+def _proposer(model: Any, runs_dir: Path, data: PreparedData, dev: Any, shared: list) -> Any:
+    """The MDR that proposes candidates for ``model``: its own part when it is a fusion."""
+    if hasattr(model, "parts"):
+        return model.parts()[0]
+    if not shared:
+        if "mdr" not in available_runs(runs_dir):
+            raise MasrError(
+                f"--candidates: MDR proposes the candidates, but {runs_dir} has no `mdr` run; "
+                f"train it with `masr train --model mdr --runs {runs_dir}`"
+            )
+        shared.append(load_run(runs_dir, "mdr", data, dev)[0].eval())
+    return shared[0]
+
+
+def two_stage_metrics(
+    model: Any,
+    proposer: Any,
+    data: PreparedData,
+    split: str,
+    index: Any,
+    candidates: int,
+    full_sample: int = 0,
+    sample_seed: int = 0,
+) -> dict[str, float]:
+    """hit@N / ndcg@N of the two-stage full ranking on the full protocol's cases, with
+    ``candidates`` and ``proposed`` (share of held-out songs among the candidates)."""
+    from masr.evaluate import metrics_from_ranks, subsample_cases, two_stage_ranks
+
+    cases = subsample_cases(data.test if split == "test" else data.valid, full_sample, sample_seed)
+    was_training = model.training
+    model.to(index.device).eval()
+    proposer.to(index.device).eval()
+    try:
+        ranks, proposed = two_stage_ranks(model, proposer, cases, index, candidates)
+    finally:
+        model.train(was_training)
+    out = metrics_from_ranks(ranks)
+    out["candidates"] = float(candidates)
+    out["proposed"] = float(proposed.mean()) if len(proposed) else 0.0
+    return out
 
 
 # --- the comparison table (paper's Table 2 layout) -------------------------------------------

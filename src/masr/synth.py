@@ -49,6 +49,49 @@ class SynthConfig:
     share_focus: float = 0.30  # song from one of the playlist's two focus artists
     share_noise: float = 0.08  # song from anywhere (by popularity); the rest: the theme
     names: bool = True  # add track_name / artist_name columns
+    songs: int | None = None  # catalog size; None: users * songs_per_user
+    length_shape: float = 2.0  # negative binomial shape of the lengths: smaller, more skewed
+    draws_per_song: int = 2  # candidate draws per wanted song (repeats are dropped)
+
+    @classmethod
+    def sized(
+        cls,
+        playlists: int,
+        *,
+        songs: int | None = None,
+        users: int | None = None,
+        mean_length: float = 66.0,
+        max_length: int = 250,
+        popularity_exponent: float = 0.7,
+        seed: int = 0,
+        names: bool = True,
+    ) -> SynthConfig:
+        """A Million-Playlist-Dataset-shaped world of about ``playlists`` playlists.
+
+        MPD's ratios are the defaults: 2.26 songs per playlist in the catalog, lengths 5..250
+        with mean 66 and median about 49 (shape 1.2), and a flatter popularity power law than
+        the embedded set's (exponent 0.7: at 0.9 the top song sits in a third of the playlists,
+        MPD's top track in under 5%). MPD has no users, so by default each
+        playlist is its own user (exactly ``playlists`` playlists); with ``users`` the
+        playlists are spread over them (1 + Poisson per user, so about ``playlists``).
+        """
+        users = playlists if users is None else users
+        if playlists < 1 or users < 1:
+            raise MasrError(f"--playlists and --users must be at least 1 ({playlists}, {users})")
+        if users > playlists:
+            raise MasrError(f"--users ({users}) cannot exceed --playlists ({playlists})")
+        return cls(
+            users=users,
+            seed=seed,
+            playlists_per_user=playlists / users,
+            songs_per_playlist=mean_length,
+            max_playlist_songs=max_length,
+            songs=max(200, round(2.26 * playlists)) if songs is None else songs,
+            length_shape=1.2,
+            draws_per_song=4,  # long playlists exhaust their artists' songs: draw more
+            popularity_exponent=popularity_exponent,
+            names=names,
+        )
 
     def validate(self) -> None:
         if self.users < 1:
@@ -56,13 +99,22 @@ class SynthConfig:
         if self.playlists_per_user < 1:
             raise MasrError("playlists_per_user must be at least 1")
         if not 5 <= self.songs_per_playlist <= self.max_playlist_songs:
-            raise MasrError("songs_per_playlist must lie between 5 and max_playlist_songs")
+            raise MasrError(
+                f"the mean length ({self.songs_per_playlist:g}) must lie between 5 and the "
+                f"maximum length ({self.max_playlist_songs})"
+            )
+        if self.songs is not None and self.songs < 10:
+            raise MasrError(f"--songs must be at least 10 (got {self.songs})")
+        if self.length_shape <= 0:
+            raise MasrError("length_shape must be positive")
         shares = self.share_favourite + self.share_focus + self.share_noise
         if min(self.share_favourite, self.share_focus, self.share_noise) < 0 or shares > 1:
             raise MasrError("song source shares must be non-negative and sum to at most 1")
 
     @property
     def n_songs(self) -> int:
+        if self.songs is not None:
+            return self.songs
         return max(200, round(self.users * self.songs_per_user))
 
     @property
@@ -175,12 +227,13 @@ def _users_chunk(
     theme = slots[owner, np.minimum(pick, 2)]  # (P,)
     focus = world.artists_by_theme.sample(np.stack([theme, theme], 1), rng)  # (P, 2)
     extra = cfg.songs_per_playlist - 5
-    length = 5 + rng.negative_binomial(2, 2 / (2 + extra), n_playlists)  # mean songs_per_playlist
+    r = cfg.length_shape
+    length = 5 + rng.negative_binomial(r, r / (r + extra), n_playlists)  # mean songs_per_playlist
     length = np.minimum(length, cfg.max_playlist_songs)
 
     # candidate songs, ~1.5x the length per playlist, flat (M,): each comes from one source;
     # then each playlist keeps its first `length` distinct candidates, in draw order
-    n_cand = 2 * length + 4  # (P,)
+    n_cand = cfg.draws_per_song * length + 4  # (P,)
     row = np.repeat(np.arange(n_playlists), n_cand)  # (M,) playlist of each candidate
     src = rng.random(len(row))
     cut = np.cumsum([cfg.share_favourite, cfg.share_focus, cfg.share_noise])
@@ -384,33 +437,75 @@ def synthesize(cfg: SynthConfig | None = None) -> pl.DataFrame:
     return pl.concat(list(iter_synthesize(cfg or SynthConfig())))
 
 
+#: Expected rows up to which a Parquet file is written in one piece (as it always was, so the
+#: embedded dataset's file stays byte-for-byte the same); larger tables stream in chunks.
+WHOLE_PARQUET_ROWS = 4_000_000
+#: Rows per generated chunk when streaming (about 0.3-0.5 GB of working memory with names).
+CHUNK_ROWS = 1_000_000
+
+
+def expected_rows(cfg: SynthConfig) -> float:
+    """About how many rows ``cfg`` generates (before the deduplication shortens a few)."""
+    return cfg.users * cfg.playlists_per_user * cfg.songs_per_playlist
+
+
 def write_synthetic(path: str | Path, cfg: SynthConfig | None = None) -> int:
     """Write the synthetic table to ``path`` (Parquet for .parquet/.pq, TSV for .tsv, gzip
-    for a .gz suffix, CSV otherwise), atomically. Returns the number of rows."""
+    for a .gz suffix, CSV otherwise), atomically. Returns the number of rows.
+
+    Memory stays bounded at any size: chunks of about :data:`CHUNK_ROWS` rows are generated
+    and written one at a time (for Parquet, as part files merged by Polars' streaming sink).
+    """
     cfg = cfg or SynthConfig()
+    cfg.validate()
     path = Path(path)
     if path.is_dir():
         raise MasrError(f"{path}: is a directory; --out needs a file name such as playlists.csv")
     suffixes = [s.lower() for s in path.suffixes]
     gz = bool(suffixes) and suffixes[-1] == ".gz"
     kind = suffixes[-2] if gz and len(suffixes) > 1 else (suffixes[-1] if suffixes else ".csv")
+    rows_per_user = max(1.0, cfg.playlists_per_user * cfg.songs_per_playlist)
+    chunk_users = max(1000, int(CHUNK_ROWS / rows_per_user))
     rows = 0
     with atomic_path(path) as tmp:
         if kind in (".parquet", ".pq"):
             if gz:
                 raise MasrError(f"{path}: Parquet is compressed already; drop the .gz suffix")
-            df = synthesize(cfg)
-            df.write_parquet(tmp)
-            return df.height
+            if expected_rows(cfg) <= WHOLE_PARQUET_ROWS:
+                df = synthesize(cfg)
+                df.write_parquet(tmp)
+                return df.height
+            return _stream_parquet(tmp, iter_synthesize(cfg, chunk_users))
         sep = "\t" if kind in (".tsv", ".tab") else ","
         opener = _gzip_writer if gz else open
         with opener(tmp, "wb") as fh:
             header = True
-            for chunk in iter_synthesize(cfg):
+            for chunk in iter_synthesize(cfg, chunk_users):
                 chunk.write_csv(fh, separator=sep, include_header=header)
                 header = False
                 rows += chunk.height
     return rows
+
+
+def _stream_parquet(tmp: Path, chunks: Iterator[pl.DataFrame]) -> int:
+    """Write ``chunks`` as one Parquet file at ``tmp`` without holding them all: each chunk
+    goes to a part file in a private folder beside ``tmp``, then a streaming scan of the parts,
+    in order, is sunk into ``tmp`` and the folder removed."""
+    import shutil
+    import tempfile
+
+    parts_dir = Path(tempfile.mkdtemp(prefix=f"{tmp.name}.", suffix=".parts", dir=tmp.parent))
+    try:
+        parts, rows = [], 0
+        for i, chunk in enumerate(chunks):
+            part = parts_dir / f"part-{i:06d}.parquet"
+            chunk.write_parquet(part, compression="zstd", compression_level=1)
+            parts.append(part)
+            rows += chunk.height
+        pl.scan_parquet(parts).sink_parquet(tmp, maintain_order=True, engine="streaming")
+        return rows
+    finally:
+        shutil.rmtree(parts_dir, ignore_errors=True)
 
 
 def _gzip_writer(path: Path, mode: str):  # noqa: ANN202 - a file object

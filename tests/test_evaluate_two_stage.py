@@ -1,0 +1,113 @@
+"""`masr evaluate --candidates N`: two-stage full ranking (MDR proposes, the run re-ranks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+from typer.testing import CliRunner
+
+from masr.dataset import Cases, PreparedData
+from masr.errors import MasrError
+from masr.evaluate import full_ranks, two_stage_ranks
+from masr.models.base import Batch, ModelConfig, Recommender
+from masr.sampling import TrainingIndex
+from masr_cli.main import app
+
+
+class _Table(Recommender):
+    """Distances read from a fixed (P, V) table."""
+
+    name = "table"
+    config_class = ModelConfig
+    trainable = False
+
+    def __init__(self, table: Tensor):
+        super().__init__(ModelConfig(), 1, table.shape[0], table.shape[1])
+        self.register_buffer("table", table.float())
+
+    def distance(self, batch: Batch, songs: Tensor) -> Tensor:
+        return self.table[batch.playlists.unsqueeze(1), songs]
+
+    def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
+        return self.table[batch.playlists]
+
+
+def _data(train: list[list[int]], n_songs: int, test_song: list[int]) -> PreparedData:
+    lengths = np.array([len(t) for t in train])
+    indptr = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+    p = np.arange(len(train), dtype=np.int64)
+    cases = Cases(p, np.zeros_like(p), np.asarray(test_song), np.zeros((len(p), 1), np.int64))
+    return PreparedData(
+        path=Path("mem"),
+        manifest={"fingerprint": "x"},
+        n_users=1,
+        n_playlists=len(train),
+        n_songs=n_songs,
+        playlist_user=np.zeros(len(train), dtype=np.int64),
+        train_playlist=np.repeat(p, lengths),
+        train_song=np.concatenate([np.sort(t) for t in map(np.asarray, train)]),
+        indptr=indptr,
+        valid=cases,
+        test=cases,
+    )
+
+
+def test_all_candidates_give_the_exact_ranks_and_few_give_a_subset():
+    rng = np.random.default_rng(0)
+    n_pl, v = 40, 30
+    train = [sorted(rng.choice(v, 6, replace=False).tolist()) for _ in range(n_pl)]
+    test = [int(rng.choice(np.setdiff1d(np.arange(v), t))) for t in train]
+    data = _data(train, v, test)
+    index = TrainingIndex.from_data(data)
+    run = _Table(torch.as_tensor(rng.random((n_pl, v))))
+    mdr = _Table(torch.as_tensor(rng.random((n_pl, v))))
+    exact = full_ranks(run, data.test, index)
+    for n in (v - 6, v, 10 * v):  # every eligible song proposed
+        ranks, proposed = two_stage_ranks(run, mdr, data.test, index, n, batch_size=7)
+        assert proposed.all() and np.array_equal(ranks, exact), n
+    ranks, proposed = two_stage_ranks(run, mdr, data.test, index, 5)
+    # by hand: proposed iff the held-out song is among MDR's 5 nearest eligible songs
+    d = mdr.table.numpy().copy()
+    for p, t in enumerate(train):
+        d[p, t] = np.inf
+    nearest = np.argsort(d, axis=1)[:, :5]
+    assert np.array_equal(proposed, [test[p] in nearest[p] for p in range(n_pl)])
+    assert (ranks[~proposed] == v).all()
+    r = run.table.numpy()
+    for p in np.flatnonzero(proposed):
+        others = [s for s in nearest[p] if s != test[p]]
+        assert ranks[p] == sum(r[p, s] <= r[p, test[p]] for s in others)
+    with pytest.raises(MasrError, match="--candidates"):
+        two_stage_ranks(run, mdr, data.test, index, 0)
+
+
+def test_cli_candidates_at_catalog_size_match_the_exact_figures(tmp_path):
+    from conftest import write_planted
+
+    torch.set_num_threads(1)
+    runner = CliRunner()
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    tiny = ["--epochs", "2", "--batch-size", "32", "--lr", "0.02", "--dim", "8", "--threads", "1"]
+    result = runner.invoke(
+        app, ["train", "--model", "masr", "--data", str(data), "--runs", str(runs), *tiny]
+    )
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    base = ["evaluate", "--data", str(data), "--runs", str(runs), "--model", "masr"]
+    result = runner.invoke(app, [*base, "--model", "mass", "--candidates", "100000", "--json", "-"])
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    assert "two-stage hit@10" in result.stderr
+    out = json.loads(result.stdout)
+    for run in ("masr", "mass"):  # masr: its own MDR part proposes; mass: the mdr run
+        two = out[run]["two_stage"]
+        assert two["proposed"] == 1.0 and two["candidates"] == 100000
+        assert {k: two[k] for k in out[run]["full"]} == out[run]["full"], run
+    result = runner.invoke(app, [*base, "--candidates", "3", "--json", "-"])
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    two = json.loads(result.stdout)["masr"]["two_stage"]
+    assert 0 <= two["proposed"] <= 1 and two["hit@10"] <= two["proposed"]
