@@ -23,7 +23,8 @@ def have_matplotlib() -> bool:
     return True
 
 
-def _pyplot() -> Any:
+def pyplot(needed_by: str = "the plots") -> Any:
+    """matplotlib.pyplot on the Agg backend, or one MasrError naming the optional extra."""
     try:
         import matplotlib
 
@@ -31,21 +32,25 @@ def _pyplot() -> Any:
         import matplotlib.pyplot as plt
     except ImportError:
         raise MasrError(
-            "the plots need matplotlib; install it with `pip install 'masr[plot]'`"
+            f"{needed_by} need{'s' if needed_by.startswith('--') else ''} matplotlib; "
+            "install it with `pip install 'masr[plot]'`"
         ) from None
     return plt
 
 
-def _save(fig: Any, path: Path) -> Path:
+def save_png(fig: Any, path: Path, *, dpi: int = 110, option: str = "") -> Path:
+    """Write ``fig`` as a PNG aside, then rename it into ``path``; close it either way. A
+    write error is one MasrError line (prefixed by ``option`` when a CLI option named it)."""
     from masr.atomic import atomic_path
 
-    plt = _pyplot()
+    plt = pyplot()
     fig.tight_layout()
     try:
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=110)
+            fig.savefig(tmp, format="png", dpi=dpi)
     except OSError as exc:
-        raise MasrError(f"{path}: cannot write ({exc.strerror})") from None
+        where = f"{option} {path}" if option else str(path)
+        raise MasrError(f"{where}: cannot write ({exc.strerror})") from None
     finally:
         plt.close(fig)
     return path
@@ -53,7 +58,7 @@ def _save(fig: Any, path: Path) -> Path:
 
 def plot_dims(table: dict[str, dict[str, dict[str, float]]], path: str | Path) -> Path:
     """Figure 5: ``table`` {run: {dim: {metric: value}}} as hit@10 and ndcg@10 against d."""
-    plt = _pyplot()
+    plt = pyplot()
     metrics = ("hit@10", "ndcg@10")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, metric in zip(axes, metrics, strict=True):
@@ -66,14 +71,14 @@ def plot_dims(table: dict[str, dict[str, dict[str, float]]], path: str | Path) -
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, Path(path))
+    return save_png(fig, Path(path))
 
 
 def plot_attention(
     panels: dict[str, tuple[list[float], list[float], float]], path: str | Path
 ) -> Path:
     """Figure 6: one scatter per attention variant, {label: (pmi_scores, weights, rho)}."""
-    plt = _pyplot()
+    plt = pyplot()
     n = max(1, len(panels))
     fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.4), squeeze=False)
     for ax, (label, (pmi, weights, rho)) in zip(axes[0], panels.items(), strict=False):
@@ -82,19 +87,19 @@ def plot_attention(
         ax.set_xlabel("PMI attentive score")
         ax.set_ylabel("attention weight")
         ax.grid(alpha=0.3)
-    return _save(fig, Path(path))
+    return save_png(fig, Path(path))
 
 
 def plot_epoch_seconds(seconds: dict[str, float], path: str | Path) -> Path:
     """Figure 7: seconds per training epoch, one bar per model."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(seconds) + 2), 4))
     names = list(seconds)
     ax.bar(names, [seconds[n] for n in names])
     ax.set_ylabel("seconds per epoch")
     ax.tick_params(axis="x", rotation=60)
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, Path(path))
+    return save_png(fig, Path(path))
 
 
 def maybe(plot: Callable[..., Path], *args: Any) -> Path | None:

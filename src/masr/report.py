@@ -80,10 +80,9 @@ def evaluate_runs(
     index = TrainingIndex.from_data(data, dev)
     results = {}
     shared_mdr: list = []  # the `mdr` run, loaded once when a non-fusion run needs it
-    for run in run_order(wanted):
-        model, _ = load_run(runs_dir, run, data, dev)
-        t0 = time.perf_counter()
-        results[run] = evaluate_model(
+
+    def evaluate(model: Any) -> dict[str, dict[str, float]]:
+        return evaluate_model(
             model,
             data,
             split,
@@ -92,6 +91,11 @@ def evaluate_runs(
             full_sample=full_sample,
             sample_seed=sample_seed,
         )
+
+    for run in run_order(wanted):
+        model, _ = load_run(runs_dir, run, data, dev)
+        t0 = time.perf_counter()
+        results[run] = evaluate(model)
         log(f"{run}: evaluated on {split} in {time.perf_counter() - t0:.1f} s")
         if candidates:
             t0 = time.perf_counter()
@@ -102,15 +106,7 @@ def evaluate_runs(
             log(f"{run}: two-stage ({candidates} candidates) in {time.perf_counter() - t0:.1f} s")
         for a in alphas if hasattr(model, "with_alpha") else ():
             fused = model.with_alpha(a).to(dev)  # type: ignore[operator]
-            results[f"{run}@α={a:g}"] = evaluate_model(
-                fused,
-                data,
-                split,
-                protocols=protocols,
-                index=index,
-                full_sample=full_sample,
-                sample_seed=sample_seed,
-            )
+            results[f"{run}@α={a:g}"] = evaluate(fused)
     return results
 
 
@@ -221,17 +217,9 @@ def plot_hit_curves(
     results: dict[str, dict[str, dict[str, float]]], path: str | Path, *, title: str = ""
 ) -> Path:
     """A PNG of hit@N against N (1..10), one line per run, one panel per protocol."""
-    try:
-        import matplotlib
+    from masr.figures import pyplot, save_png
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MasrError(
-            "--plot needs matplotlib; install it with `pip install 'masr[plot]'`"
-        ) from None
-    from masr.atomic import atomic_path
-
+    plt = pyplot("--plot")
     path = Path(path)
     protocols = [p for p in PROTOCOLS if any(p in r for r in results.values())]
     fig, axes = plt.subplots(1, max(1, len(protocols)), figsize=(5 * max(1, len(protocols)), 4))
@@ -247,15 +235,7 @@ def plot_hit_curves(
         ax.set_xticks(CUTOFFS)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=120)
-    except OSError as exc:
-        raise MasrError(f"--plot {path}: cannot write ({exc.strerror})") from None
-    finally:
-        plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=120, option="--plot")
 
 
 def to_jsonable(results: dict[str, Any]) -> dict[str, Any]:
