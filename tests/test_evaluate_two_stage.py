@@ -8,33 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch import Tensor
+from test_evaluate import TableModel
 from typer.testing import CliRunner
 
 from masr.dataset import Cases, PreparedData
 from masr.errors import MasrError
 from masr.evaluate import full_ranks, two_stage_ranks
-from masr.models.base import Batch, ModelConfig, Recommender
 from masr.sampling import TrainingIndex
 from masr_cli.main import app
-
-
-class _Table(Recommender):
-    """Distances read from a fixed (P, V) table."""
-
-    name = "table"
-    config_class = ModelConfig
-    trainable = False
-
-    def __init__(self, table: Tensor):
-        super().__init__(ModelConfig(), 1, table.shape[0], table.shape[1])
-        self.register_buffer("table", table.float())
-
-    def distance(self, batch: Batch, songs: Tensor) -> Tensor:
-        return self.table[batch.playlists.unsqueeze(1), songs]
-
-    def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
-        return self.table[batch.playlists]
 
 
 def _data(train: list[list[int]], n_songs: int, test_song: list[int]) -> PreparedData:
@@ -64,8 +45,8 @@ def test_all_candidates_give_the_exact_ranks_and_few_give_a_subset():
     test = [int(rng.choice(np.setdiff1d(np.arange(v), t))) for t in train]
     data = _data(train, v, test)
     index = TrainingIndex.from_data(data)
-    run = _Table(torch.as_tensor(rng.random((n_pl, v))))
-    mdr = _Table(torch.as_tensor(rng.random((n_pl, v))))
+    run = TableModel(torch.as_tensor(rng.random((n_pl, v))))
+    mdr = TableModel(torch.as_tensor(rng.random((n_pl, v))))
     exact = full_ranks(run, data.test, index)
     for n in (v - 6, v, 10 * v):  # every eligible song proposed
         ranks, proposed = two_stage_ranks(run, mdr, data.test, index, n, batch_size=7)
