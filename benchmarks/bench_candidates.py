@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from bench_score import (  # noqa: E402  (a sibling script, not a package)
     build_models,
     describe,
     log,
+    machine_facts,
     playlists_from_aotm,
     synthetic_playlists,
 )
@@ -96,13 +96,7 @@ def main() -> int:
     model = build_models(sizes)
     parts = (mdr_weights(model.mdr), mass_weights(model.mass))
     result: dict = {
-        "machine": {
-            "cpus_visible": os.cpu_count(),
-            "cores_used": cores,
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_avg_at_start": os.getloadavg(),
-        },
+        "machine": machine_facts(cores),
         "model": {**sizes, "dim": DIM, "alpha": 0.5, "weights": "random"},
         "workload": {"source": source, **describe(plays)},
         "k": args.k,

@@ -372,6 +372,17 @@ def _write_quality(result: dict, reference: dict, name: str) -> int:
     return 0
 
 
+def machine_facts(cores: int | None) -> dict:
+    """What the figures were measured on (shared with bench_candidates)."""
+    return {
+        "cpus_visible": os.cpu_count(),
+        "cores_used": cores,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_avg_at_start": os.getloadavg(),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -412,13 +423,7 @@ def main() -> int:
 
     sizes = dict(AOTM_SIZES)
     result: dict = {
-        "machine": {
-            "cpus_visible": os.cpu_count(),
-            "cores_used": cores,
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_avg_at_start": os.getloadavg(),
-        },
+        "machine": machine_facts(cores),
         "model": {**sizes, "dim": DIM, "alpha": 0.5, "weights": "random"},
     }
     workloads: dict[str, dict] = {}
