@@ -354,6 +354,66 @@ def test_dropout_keep_has_the_requested_rate_and_keeps_the_expectation(p: float)
     assert torch.allclose(ours.std(0), torchs.std(0), rtol=0.1)
 
 
+@pytest.mark.parametrize(
+    "x_shape, y_shape",
+    [((6, 1, 8), (6, 5, 8)), ((4, 5, 1, 8), (4, 1, 7, 8)), ((3, 8), (3, 8))],
+    ids=["mdr", "mass", "same-shape"],
+)
+def test_dropped_pairwise_sq_is_plain_autograd_with_the_same_mask(x_shape, y_shape) -> None:
+    """The fused dropout distance (issue 13) computes what the plain autograd formula computes:
+    same values and gradients, and the same mask for the same generator state."""
+    from masr.models.mdr import dropped_pairwise_sq, dropped_square_sum
+
+    gen = torch.Generator().manual_seed(1)
+    x0 = torch.randn(x_shape, dtype=torch.float64, generator=gen)
+    y0 = torch.randn(y_shape, dtype=torch.float64, generator=gen)
+    weight = None
+    results = []
+    for fused in (True, False):
+        x, y = x0.clone().requires_grad_(), y0.clone().requires_grad_()
+        torch.manual_seed(7)
+        out = dropped_pairwise_sq(x, y, 0.3) if fused else dropped_square_sum(x - y, 0.3)
+        if weight is None:
+            weight = torch.randn(out.shape, dtype=torch.float64, generator=gen)
+        (out * weight).sum().backward()
+        results.append((out.detach(), x.grad, y.grad))
+    (o1, gx1, gy1), (o2, gx2, gy2) = results
+    assert o1.shape == torch.broadcast_shapes(x_shape, y_shape)[:-1]
+    torch.testing.assert_close(o1, o2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gx1, gx2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gy1, gy2, rtol=1e-12, atol=1e-12)
+    # the mask really drops: some terms differ from the undropped distance
+    assert not torch.allclose(o1, (x0 - y0).square().sum(-1) / 0.49)
+
+
+def test_dropped_pairwise_sq_gradient_by_finite_differences() -> None:
+    """Gradients of the fused function against central differences, with the mask held fixed
+    (the same seed before every evaluation)."""
+    from masr.models.mdr import dropped_pairwise_sq
+
+    x = torch.randn(2, 3, 1, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(2, 1, 5, 4, dtype=torch.float64, requires_grad=True)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(3)
+        return (dropped_pairwise_sq(a, b, 0.25) * torch.arange(30.0).view(2, 3, 5)).sum()
+
+    f(x, y).backward()
+    h = 1e-6
+    for t, g in ((x, x.grad), (y, y.grad)):
+        flat = t.detach().flatten()
+        for i in range(flat.numel()):
+            plus, minus = flat.clone(), flat.clone()
+            plus[i] += h
+            minus[i] -= h
+            args = [plus.view(t.shape), y.detach()] if t is x else [x.detach(), plus.view(t.shape)]
+            args_m = (
+                [minus.view(t.shape), y.detach()] if t is x else [x.detach(), minus.view(t.shape)]
+            )
+            numeric = (f(*args) - f(*args_m)).item() / (2 * h)
+            assert g.flatten()[i].item() == pytest.approx(numeric, rel=1e-5, abs=1e-6)
+
+
 @pytest.mark.parametrize("factory", [make_mdr, make_mass, lambda: make_mass(dropout_mode="shared")])
 def test_dropout_only_in_train_mode(factory) -> None:
     model, batch = factory(), make_batch(empty_rows=())

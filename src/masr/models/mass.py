@@ -67,7 +67,7 @@ from torch import Tensor, nn
 
 from masr.errors import MasrError
 from masr.models.base import Batch, ModelConfig, Recommender
-from masr.models.mdr import check_common, dropout_keep, dropped_square_sum, init_embedding
+from masr.models.mdr import check_common, dropout_keep, dropped_pairwise_sq, init_embedding
 
 QUERY_INITS = ("reference", "default")
 DROPOUT_MODES = ("element", "shared")
@@ -221,9 +221,10 @@ class MASS(Recommender):
             return pairwise_mahalanobis_sq(q, members, metric)
         if self.config.dropout_mode == "element":
             # dropout on the scaled difference (reference code): needs the (B, C, L, d) tensor
-            # B ⊙ (q - s_t), formed as B⊙q - B⊙s_t (one broadcast op fewer on the big tensor)
-            scaled = (q * metric).unsqueeze(2) - (members * metric).unsqueeze(1)
-            return dropped_square_sum(scaled, p_drop)
+            # B ⊙ (q - s_t), formed as B⊙q - B⊙s_t in one fused pass (dropped_pairwise_sq)
+            return dropped_pairwise_sq(
+                (q * metric).unsqueeze(2), (members * metric).unsqueeze(1), p_drop
+            )
         # "shared": one dropout mask per (row, candidate, dimension), shared by the L members:
         # Σ_j (m_j/(1-p))² B_j² (q_j - s_tj)², still in GEMM form (no (B, C, L, d) tensor)
         keep, p = dropout_keep(q.shape, p_drop, q.device, q.dtype)  # (B, C, d)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -87,9 +88,52 @@ def mahalanobis_sq(
 
 def dropped_square_sum(scaled: Tensor, p: float) -> Tensor:
     """Σ over the last axis of (m ⊙ z)², m = inverted dropout with rate ``p`` (0 or 1/(1-p) per
-    element): the squares are masked and rescaled by 1/(1-p)² instead."""
+    element): the squares are masked and rescaled by 1/(1-p)² instead. The plain autograd
+    reference of ``dropped_pairwise_sq`` (the tests compare the two)."""
     keep, p_eff = dropout_keep(scaled.shape, p, scaled.device, scaled.dtype)
     return (scaled.square() * keep).sum(-1) * (1.0 / (1.0 - p_eff) ** 2)
+
+
+class _DroppedPairwiseSq(torch.autograd.Function):
+    """Σ_j (m_j (x_j - y_j))² for broadcastable x, y, with a hand-written backward.
+
+    The difference z = x - y is the only large tensor ((B, C, L, d) in MASS): it is formed
+    once, masked in place and kept for the backward, which scales it in place by the incoming
+    gradient and sums it back to the shapes of x and y. Plain autograd makes about three times
+    as many passes over that tensor (the mask as floats, the square, the product, and each of
+    their gradients); the values and the mask law are the same (``dropout_keep``, drawn once
+    for z's shape)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, y: Tensor, p: float) -> Tensor:  # noqa: D102
+        z = x - y  # (..., d)
+        keep, p_eff = dropout_keep(z.shape, p, z.device, torch.bool)
+        z.mul_(keep)  # (m z)² = m z² for m in {0, 1}
+        scale = 1.0 / (1.0 - p_eff) ** 2
+        ctx.save_for_backward(z)
+        ctx.scale = scale
+        ctx.shapes = (x.shape, y.shape)
+        return torch.linalg.vecdot(z, z).mul_(scale)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # noqa: D102
+        (z,) = ctx.saved_tensors
+        x_shape, y_shape = ctx.shapes
+        # d/dz Σ_j s (m_j z_j)² = 2 s m z (z is already masked); z is not needed afterwards
+        gz = z.mul_(grad.unsqueeze(-1) * (2.0 * ctx.scale))
+        gx = gz.sum_to_size(x_shape) if ctx.needs_input_grad[0] else None
+        gy = gz.sum_to_size(y_shape).neg() if ctx.needs_input_grad[1] else None
+        return gx, gy, None
+
+
+def dropped_pairwise_sq(x: Tensor, y: Tensor, p: float) -> Tensor:
+    """Σ over the last axis of (m ⊙ (x - y))² / (1-p)², x and y broadcast against each other
+    (e.g. (B, C, 1, d) queries and (B, 1, L, d) members), m an inverted-dropout mask of the
+    broadcast shape drawn by ``dropout_keep``: ``dropped_square_sum(x - y, p)`` with the same
+    mask and values, in fewer passes over the broadcast tensor (``_DroppedPairwiseSq``)."""
+    if x.dtype != y.dtype:
+        raise TypeError(f"dropped_pairwise_sq: {x.dtype} and {y.dtype}")
+    return _DroppedPairwiseSq.apply(x, y, p)
 
 
 def dropout_keep(
@@ -151,10 +195,17 @@ class MDR(Recommender):
         p_drop = self.config.dropout
         s = self.song_emb(songs)  # (B, C, d)
         # eq. 11: o = |B1 ⊙ (u - s)|² + |B2 ⊙ (p - s)|² + θ_s  (the kept terms of MDR_us/_ps)
-        terms = [
-            mahalanobis_sq(x.unsqueeze(1) - s, metric, p_drop, self.training)  # (B, C)
-            for x, metric in self._sides(batch.users, batch.playlists)
-        ]
+        if self.training and p_drop > 0:
+            # dropout on B ⊙ (x - s), formed as B⊙x - B⊙s (one fused pass, dropped_pairwise_sq)
+            terms = [
+                dropped_pairwise_sq((x * metric).unsqueeze(1), s * metric, p_drop)  # (B, C)
+                for x, metric in self._sides(batch.users, batch.playlists)
+            ]
+        else:
+            terms = [
+                mahalanobis_sq(x.unsqueeze(1) - s, metric)  # (B, C)
+                for x, metric in self._sides(batch.users, batch.playlists)
+            ]
         return sum(terms[1:], terms[0]) + self.song_bias(songs).squeeze(-1)
 
     def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
