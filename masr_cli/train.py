@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -239,6 +240,11 @@ def command(
       masr train --model mdr --epochs 20 --device cpu
 
       masr train --model amasr --resume        # after an interruption
+
+      torchrun --nproc-per-node 2 -m masr_cli.main train --model amasr
+
+    Under torchrun each process trains on its shard of every batch and the gradients are
+    combined (torch.distributed: gloo on CPU, nccl on CUDA); rank 0 validates and writes.
     """
     from masr.dataset import load_prepared
     from masr.errors import MasrError
@@ -286,6 +292,9 @@ def command(
             options = options.merged(saved, explicit)
     if threads < 0:
         raise MasrError("--threads must be >= 0 (0 = the free cores)")
+    from masr.distributed import init_from_env, shutdown
+
+    ranks = init_from_env(options.device)  # under torchrun: join the process group
     prepared = load_prepared(data)
     if options.device != "cuda":
         import torch
@@ -297,16 +306,24 @@ def command(
         first_line = "" if threads else f"using {why}"
     else:
         first_line = ""
-    with RichProgress(first_line) as progress:
-        outcomes = train_run(
-            name,
-            prepared,
-            runs,
-            options,
-            resume=resume,
-            progress=progress,
-            log=lambda msg: console.print(f"[dim]{msg}[/dim]"),
-        )
+    if ranks.distributed and ranks.is_main:
+        first_line = f"{first_line}; " if first_line else ""
+        first_line += f"data-parallel over {ranks.size} processes (torch.distributed)"
+    try:
+        with RichProgress(first_line) if ranks.is_main else nullcontext() as progress:
+            outcomes = train_run(
+                name,
+                prepared,
+                runs,
+                options,
+                resume=resume,
+                progress=progress,
+                log=(lambda msg: console.print(f"[dim]{msg}[/dim]")) if ranks.is_main else None,
+            )
+    finally:
+        shutdown()
+    if not ranks.is_main:
+        return
     table = Table(
         title=f"masr train --model {name} (recipe {options.recipe}): validation, best epoch by "
         f"{options.train.select} ranking"

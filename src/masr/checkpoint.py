@@ -21,6 +21,7 @@ import torch
 
 from masr import __version__
 from masr.atomic import atomic_path
+from masr.distributed import world
 from masr.errors import MasrError
 from masr.models import REGISTRY, model_class
 from masr.models.base import Recommender
@@ -31,7 +32,10 @@ CHECKPOINT_FORMAT = 1
 def save_checkpoint(
     path: str | Path, model: Recommender, *, data_fingerprint: str, **extra: Any
 ) -> None:
-    """Write ``model`` and ``extra`` metadata to ``path`` atomically."""
+    """Write ``model`` and ``extra`` metadata to ``path`` atomically (rank 0 only under
+    torchrun: the other ranks hold the same weights, ``masr.distributed``)."""
+    if not world().is_main:
+        return
     payload = {
         "format": CHECKPOINT_FORMAT,
         "model": model.name,

@@ -49,6 +49,14 @@ from masr.adversarial import fast_gradient_deltas, noise_scales, perturbed
 from masr.checkpoint import save_checkpoint
 from masr.config import AdversarialConfig, TrainConfig
 from masr.dataset import PreparedData
+from masr.distributed import (
+    barrier,
+    from_main,
+    reduce_gradients,
+    shard,
+    sum_over_ranks,
+    world,
+)
 from masr.errors import MasrError
 from masr.evaluate import better, evaluate_model
 from masr.models.base import Batch, Recommender
@@ -233,12 +241,19 @@ def _step_loss(
     sampler: NegativeSampler,
     config: TrainConfig,
     generator: torch.Generator,
+    part: slice | None = None,
 ) -> Callable[[], Tensor]:
     """The loss of one step as a function of the current parameters: negatives are drawn once
-    here, so APR's second evaluation (eq. 23, at Θ + δ) sees the same ones."""
+    here, so APR's second evaluation (eq. 23, at Θ + δ) sees the same ones.
+
+    ``part`` (data-parallel training, ``masr.distributed``): the loss covers only these rows of
+    the batch, but the negatives are drawn for the whole batch first, so that every rank's
+    sampling generator stays in step."""
     if config.loss == "softmax":
         negatives = sampler.draw(config.neg, generator)  # (N,) shared by the batch
         log_expected = sampler.log_expected(negatives, config.neg)  # (N,)
+        if part is not None:
+            batch, positives = batch.select(part), positives[part]
         is_member = members_among(index, batch.playlists, negatives)  # (B, N)
         return lambda: softmax_loss(
             model, batch, positives, negatives, log_expected, is_member, config.temperature
@@ -247,6 +262,8 @@ def _step_loss(
         per_row = sample_negatives(index, batch.playlists, config.neg, generator)  # (B, K)
     else:
         per_row = sampler.draw_per_row(batch.playlists, config.neg, generator)  # (B, K)
+    if part is not None:
+        batch, positives, per_row = batch.select(part), positives[part], per_row[part]
     return lambda: ranking_loss(model, batch, positives, per_row, config.neg_mode)
 
 
@@ -346,6 +363,17 @@ def train_model(
         bad_epochs, first_epoch = int(resume["bad_epochs"]), int(resume["epoch"]) + 1
         elapsed = float(resume.get("seconds", 0.0))
 
+    ranks = world()
+    if ranks.distributed:
+        # dropout masks differ per rank: fork each rank's global generator from the common one
+        fork = int(torch.randint(0, 2**62, (1,)))
+        torch.manual_seed(fork + ranks.rank)
+        if torch.cuda.is_available():
+            torch.cuda.manual_seed_all(fork + ranks.rank)
+    params = [p for p in model.parameters() if p.requires_grad]
+    sparse_ids = {
+        id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse
+    }
     sampler = NegativeSampler(index, config.neg_sampler)
     n_rows = index.n_rows
     steps = math.ceil(n_rows / config.batch_size)
@@ -377,38 +405,52 @@ def train_model(
                     generator=generator,
                 )
                 positives = index.song[rows]  # (B,)
-                step_loss = _step_loss(model, batch, positives, index, sampler, config, generator)
+                part = shard(rows.numel()) if ranks.distributed else None
+                n_local = rows.numel() if part is None else len(range(rows.numel())[part])
+                step_loss = _step_loss(
+                    model, batch, positives, index, sampler, config, generator, part
+                )
                 optimizer.zero_grad()
-                loss = step_loss()
-                loss.backward()
-                if adversarial is not None and adversarial.reg_adv > 0:
-                    deltas = fast_gradient_deltas(model, scales)  # eq. 24, delta from 0
-                    with perturbed(model, deltas):
-                        adv = step_loss()  # the same loss, negatives and members at Θ + δ
-                        (adversarial.reg_adv * adv).backward()  # eq. 23's second term
-                    loss = loss + adversarial.reg_adv * adv.detach()
+                if n_local:
+                    loss = step_loss()
+                    loss.backward()
+                    if adversarial is not None and adversarial.reg_adv > 0:
+                        deltas = fast_gradient_deltas(model, scales)  # eq. 24, delta from 0
+                        with perturbed(model, deltas):
+                            adv = step_loss()  # the same loss, negatives and members at Θ + δ
+                            (adversarial.reg_adv * adv).backward()  # eq. 23's second term
+                        loss = loss + adversarial.reg_adv * adv.detach()
+                else:  # a last batch with fewer rows than ranks: this rank adds nothing
+                    loss = torch.zeros((), device=device)
+                if part is not None:
+                    # the whole batch's gradient on every rank (dense all-reduce, sparse gather)
+                    reduce_gradients(params, sparse_ids, n_local, rows.numel())
+                    loss = loss * (n_local * ranks.size / rows.numel())  # summed: the batch mean
                 optimizer.step()
                 model.after_step()
                 total += loss.detach()
                 if (step + 1) % 25 == 0 or step + 1 == steps:
                     progress.step(step + 1, float(total) / (step + 1))
             train_seconds = time.perf_counter() - t0
-            mean_loss = float(total) / steps
+            mean_loss = sum_over_ranks(float(total) / steps) / ranks.size
             if not math.isfinite(mean_loss):
                 raise MasrError(
                     f"training diverged at epoch {epoch} (loss {mean_loss}); try a smaller --lr"
                 )
             t1 = time.perf_counter()
-            both = evaluate_model(
-                model,
-                data,
-                "valid",
-                device=device,
-                protocols=("sampled", "full"),
-                index=index,
-                full_sample=config.valid_sample,
-                sample_seed=config.seed,
-            )
+            both = None
+            if ranks.is_main:  # every rank holds the same weights: rank 0 validates for all
+                both = evaluate_model(
+                    model,
+                    data,
+                    "valid",
+                    device=device,
+                    protocols=("sampled", "full"),
+                    index=index,
+                    full_sample=config.valid_sample,
+                    sample_seed=config.seed,
+                )
+            both = from_main(both)
             valid = both["sampled"]
             record = {
                 "epoch": epoch,
@@ -472,7 +514,8 @@ def train_model(
         for module, flag in sparse_before.items():
             module.sparse = flag
 
-    # leave the model holding its best weights
+    # leave the model holding its best weights (rank 0 wrote them: wait for it)
+    barrier()
     if run_dir is not None and (run_dir / "best.pt").is_file():
         from masr.checkpoint import load_checkpoint
 

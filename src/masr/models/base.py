@@ -36,6 +36,17 @@ class Batch:
     source: TrainingIndex | None = None  # the training interactions (on their own device)
     rows: Tensor | None = None  # (B,) long training row of each batch row; None: scoring
 
+    def select(self, rows: slice | Tensor) -> Batch:
+        """The batch's ``rows`` (a slice or an index tensor), same source."""
+        return Batch(
+            self.users[rows],
+            self.playlists[rows],
+            self.members[rows],
+            self.member_mask[rows],
+            self.source,
+            None if self.rows is None else self.rows[rows],
+        )
+
     def to(self, device: torch.device | str) -> Batch:
         return Batch(
             self.users.to(device),

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from masr.config import RunOptions
+from masr.distributed import barrier, world
 from masr.errors import MasrError
 from masr.lock import locked
 from masr.runs.registry import (
@@ -76,6 +78,7 @@ def train_run(
         outcomes.append(
             _make(run, run == name, data, runs_dir, options, device, resume, progress, log)
         )
+        barrier()  # under torchrun: rank 0's files of this run are written before any rank reads
     return outcomes
 
 
@@ -95,7 +98,9 @@ def _make(
     reused = None if target else _reused(run, run_dir, sig, log)
     if reused is not None:  # only read: never locked, so concurrent chains can share it
         return reused
-    with locked(run_dir / RUN_LOCK, "masr train"):
+    # under torchrun only rank 0 writes, so only rank 0 locks
+    lock = locked(run_dir / RUN_LOCK, "masr train") if world().is_main else nullcontext()
+    with lock:
         reused = None if target else _reused(run, run_dir, sig, log)  # made meanwhile?
         if reused is not None:
             return reused

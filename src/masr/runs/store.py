@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from masr.atomic import atomic_file
 from masr.config import RunOptions
+from masr.distributed import world
 from masr.errors import MasrError
 from masr.runs.registry import plan, run_order
 
@@ -31,6 +32,9 @@ def read_run_json(run_dir: Path) -> dict[str, Any] | None:
 
 
 def write_run_json(run_dir: Path, info: dict[str, Any]) -> None:
+    """Write ``run.json`` atomically (rank 0 only under torchrun: ``masr.distributed``)."""
+    if not world().is_main:
+        return
     with atomic_file(run_dir / "run.json", "w") as fh:
         json.dump(info, fh, indent=2, default=str)
         fh.write("\n")
@@ -80,7 +84,10 @@ def load_run(
 
 
 def clear(run_dir: Path) -> None:
-    """Remove a previous run's files so that a fresh run never mixes with them."""
+    """Remove a previous run's files so that a fresh run never mixes with them (rank 0 only
+    under torchrun)."""
+    if not world().is_main:
+        return
     if run_dir.exists():
         for name in ("best.pt", "last.pt", "run.json"):
             (run_dir / name).unlink(missing_ok=True)
