@@ -199,8 +199,8 @@ def score_ray(
 ) -> ScoreSummary:
     """``score_file`` with ``config.engine == "ray"`` (validated there): CSV to ``out`` or stdout
     as the local engine writes it, or Parquet parts in the directory ``out``."""
-    ray = _import_ray()
     started = time.perf_counter()
+    ray = _import_ray()
     input, model = Path(input), Path(model)
     check_paths(input, out, config)
     # the driver's copy maps ids and checks the export; the actors load their own to score
