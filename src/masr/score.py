@@ -577,7 +577,9 @@ def score_file(
     log: Callable[[str], None] | None = None,
 ) -> ScoreSummary:
     """Score every playlist of ``input`` with the exported ``model``; CSV to ``out`` (written
-    aside, renamed when complete) or to stdout. Returns the counts of the summary line."""
+    aside, renamed when complete) or to stdout. Returns the counts of the summary line.
+    ``config.engine == "ray"``: the same rows from Ray actors (``masr.score_ray.score_ray``),
+    also as Parquet parts in the directory ``out`` (``config.out_format``)."""
     config = config or ScoreConfig()
     config.validate()
     say = log or (lambda _msg: None)
