@@ -52,7 +52,7 @@ def ray_cluster():
     """A local two-CPU Ray cluster for this module; `masr score` joins it."""
     ray = pytest.importorskip("ray")
     pytest.importorskip("ray.data")
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # new, even if one runs
     yield ray
     ray.shutdown()
 
