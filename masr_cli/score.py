@@ -7,9 +7,13 @@ from typing import Annotated
 
 import typer
 
-from masr_cli._common import Device, console
+from masr.config import SCORE_ENGINES, SCORE_FORMATS
+from masr_cli._common import Device, choices, console
 
 NAME = "score"
+
+Engine = choices("Engine", SCORE_ENGINES)
+Format = choices("Format", SCORE_FORMATS)
 
 
 def command(
@@ -36,7 +40,32 @@ def command(
         typer.Option(
             "--out",
             "-o",
-            help="Write the CSV here (written aside, renamed when complete) instead of stdout.",
+            help="Write the CSV here (written aside, renamed when complete) instead of stdout; "
+            "with --format parquet, a directory.",
+            show_default=False,
+        ),
+    ] = None,
+    engine: Annotated[
+        Engine,
+        typer.Option(
+            help="local: this process; ray: Ray Data batch inference over a Ray cluster "
+            "(pip install 'masr\\[ray]'), the same rows.",
+        ),
+    ] = Engine.local,
+    out_format: Annotated[
+        Format,
+        typer.Option(
+            "--format",
+            help="csv, or parquet: Parquet parts written by the Ray workers into the --out "
+            "directory (--engine ray).",
+        ),
+    ] = Format.csv,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N",
+            help="Concurrent ONNX Runtime calls: threads (local, CPU) or Ray actors "
+            "\\[default: one per CPU core; ray: per CPU, or GPU, of the cluster].",
             show_default=False,
         ),
     ] = None,
@@ -73,7 +102,8 @@ def command(
     input order, rank 1 best, score = the negated fused distance (higher is better). A
     playlist's own songs are never recommended. New playlists are folded in from their known
     songs; unknown songs are ignored; a playlist with no known song is ranked by its user's
-    taste, then by popularity. Logs and the summary line go to stderr.
+    taste, then by popularity. Logs and the summary line go to stderr. --engine ray spreads
+    the same scoring over a Ray cluster's actors.
 
     Example: masr score examples/playlists.csv > recs.csv
     """
@@ -85,6 +115,9 @@ def command(
         batch_size=batch_size,
         device=device.value,
         candidates=candidates,
+        workers=workers,
+        engine=engine.value,
+        out_format=out_format.value,
         columns=Columns(user=user_col, playlist=playlist_col, track=track_col),
     )
     summary = score_file(input, model, out, config, log=lambda msg: console.print(msg, style="dim"))

@@ -154,7 +154,7 @@ def test_errors_are_one_line_with_exit_1(
 def test_help_teaches_the_options() -> None:
     for command, options in (
         ("score", ["--model", "--k", "--out", "--device", "--batch-size", "--user-col",
-                   "--playlist-col", "--track-col"]),
+                   "--playlist-col", "--track-col", "--engine", "--format", "--workers"]),
         ("export", ["--runs", "--model", "--alpha", "--out", "--chunk"]),
     ):  # fmt: skip
         result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: modules that must never import torch, directly or through what they import
 DATA_AND_SCORING = (
     "masr.config", "masr.errors", "masr.atomic", "masr.lock", "masr.io", "masr.prep",
-    "masr.synth", "masr.dataset", "masr.score", "masr.onnx_format",
+    "masr.synth", "masr.dataset", "masr.score", "masr.score_ray", "masr.onnx_format",
 )
 #: modules that may import torch inside functions only (the CLI imports them for --help)
 TORCH_LAZY = ("masr", "masr.runs", "masr.runs.registry", "masr.runs.store", "masr.runs.make",

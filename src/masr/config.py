@@ -35,6 +35,10 @@ ENTITIES = ("user", "playlist")  # whose vector ID-only baselines (mfbpr, cml, a
 DEVICES = ("auto", "cpu", "cuda")
 SPLITS = ("test", "valid")  # held-out splits of a prepared dataset
 PROTOCOLS = ("sampled", "full")  # evaluation protocols
+#: how ``masr score`` runs: in this process, or as Ray Data batch inference over a cluster
+SCORE_ENGINES = ("local", "ray")
+#: what ``masr score`` writes: one CSV, or a directory of Parquet parts (the ray engine)
+SCORE_FORMATS = ("csv", "parquet")
 
 #: runs ``masr export`` can export: the fusions, or one part
 EXPORT_KINDS = ("amasr", "masr", "mdr", "mass", "amdr", "amass")
@@ -364,8 +368,12 @@ class ScoreConfig:
     device: str = "auto"  # "auto" (CUDA when it really works, else CPU), "cpu" or "cuda"
     columns: Columns = field(default_factory=Columns)
     read_rows: int = 200_000  # input rows per read chunk
-    workers: int | None = None  # concurrent ONNX Runtime calls on CPU; None: one per CPU core
+    #: concurrent ONNX Runtime calls: threads on CPU (local) or Ray actors (ray); None: one per
+    #: CPU core (local), one per CPU or GPU of the Ray cluster (ray)
+    workers: int | None = None
     candidates: int | None = None  # two-stage exports: songs proposed; None: the export's
+    engine: str = "local"  # "local" or "ray" (Ray Data over a cluster, masr.score_ray)
+    out_format: str = "csv"  # "csv", or "parquet": a directory of parts (ray engine only)
 
     def validate(self) -> None:
         """Checked by ``score_file`` (the one consumer), not when made."""
@@ -378,9 +386,15 @@ class ScoreConfig:
         if self.read_rows < 1:
             raise MasrError(f"read_rows {self.read_rows}: must be >= 1")
         if self.workers is not None and self.workers < 1:
-            raise MasrError(f"workers {self.workers}: must be >= 1")
+            raise MasrError(f"--workers {self.workers}: must be >= 1")
         if self.candidates is not None and self.candidates < 1:
             raise MasrError(f"--candidates {self.candidates}: must be >= 1")
+        if self.engine not in SCORE_ENGINES:
+            raise MasrError(f"--engine {self.engine}: choose one of {_list(SCORE_ENGINES)}")
+        if self.out_format not in SCORE_FORMATS:
+            raise MasrError(f"--format {self.out_format}: choose one of {_list(SCORE_FORMATS)}")
+        if self.out_format == "parquet" and self.engine != "ray":
+            raise MasrError("--format parquet: needs --engine ray (the local engine writes CSV)")
 
 
 #: embedding sizes of the paper's Figure 5

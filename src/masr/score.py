@@ -16,6 +16,9 @@ Counted and reported in the summary: member rows whose track is not in the catal
 duplicate member rows (ignored), new playlists and users (folded in), and playlists with no
 usable member, which fall back to the user term of MDR and then to song popularity (biases).
 
+``ScoreConfig(engine="ray")`` hands the same work to ``masr.score_ray`` (Ray Data batch
+inference over a cluster), imported only then: the local engine never imports Ray.
+
 Only numpy, polars and ONNX Runtime (imported when a model is loaded) are used here: this module
 and everything it imports never import torch.
 """
@@ -70,13 +73,15 @@ class ScoreSummary:
     fallback_playlists: int = 0  # no usable member: user term, then song popularity
     short_playlists: int = 0  # fewer than K songs left to recommend
     provider: str = "cpu"
+    actors: int = 0  # Ray actors that scored (the ray engine); 0: this process (local)
     seconds: float = 0.0
 
     def line(self) -> str:
         """The one summary line printed on stderr."""
+        where = self.provider.upper() + (f", {_n(self.actors, 'Ray actor')}" if self.actors else "")
         parts = [
             f"scored {_n(self.playlists, 'playlist')} ({_n(self.rows, 'row')}) in "
-            f"{self.seconds:.1f} s on {self.provider.upper()}",
+            f"{self.seconds:.1f} s on {where}",
             f"{_n(self.new_playlists, 'new playlist')} and "
             f"{_n(self.new_user_playlists, 'playlist')} of new users folded in",
             f"{_n(self.unknown_song_rows, 'row')} with unknown songs ignored",
@@ -122,7 +127,8 @@ def _cuda_usable(ort: Any) -> bool:
 class Engine:
     """An ONNX Runtime session of a masr graph (any ``.onnx`` from ``masr.export``), batching and
     concurrent calls. On CPU, ``workers`` single-threaded calls run side by side (they scale
-    better than intra-op threads); on CUDA one call at a time."""
+    better than intra-op threads); on CUDA one call at a time. ``threads``: intra-op threads of
+    one call (None: 1 when several workers share the cores, else every core)."""
 
     #: a two-stage graph's songs proposed per playlist, fed at run time; None: the graph's default
     candidates: int | None = None
@@ -133,6 +139,7 @@ class Engine:
         device: str = "auto",
         workers: int | None = None,
         batch_size: int | None = None,
+        threads: int | None = None,
     ) -> None:
         path = Path(path)
         if not path.exists():
@@ -143,8 +150,10 @@ class Engine:
         ort = _quiet_onnxruntime()
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         cores = max(1, cores or 1)
-        self.session, self.provider = self._session(ort, device, workers or cores, cores)
-        self.workers = 1 if self.provider == "cuda" else (workers or cores)
+        workers = workers or cores
+        threads = threads or (1 if workers > 1 else cores)
+        self.session, self.provider = self._session(ort, device, threads)
+        self.workers = 1 if self.provider == "cuda" else workers
         self.batch_size = batch_size or (512 if self.provider == "cuda" else 16)
         raw = self.session.get_modelmeta().custom_metadata_map
         try:  # every value is JSON in a masr export; anything else: no metadata
@@ -170,10 +179,10 @@ class Engine:
             return None
         return min(chunk, songs + 1) if chunk > 0 else None
 
-    def _session(self, ort: Any, device: str, workers: int, cores: int) -> tuple[Any, str]:
+    def _session(self, ort: Any, device: str, threads: int) -> tuple[Any, str]:
         options = ort.SessionOptions()
         options.log_severity_level = 4
-        options.intra_op_num_threads = 1 if workers > 1 else cores
+        options.intra_op_num_threads = threads
         providers: list[Any] = ["CPUExecutionProvider"]
         if device != "cpu" and _cuda_usable(ort):
             # exact float32 products (no TF32), so CPU and CUDA agree
@@ -220,14 +229,22 @@ class Engine:
         return songs, scores
 
     def recommend(
-        self, users: np.ndarray, playlists: np.ndarray, members: list[np.ndarray], k: int
+        self,
+        users: np.ndarray,
+        playlists: np.ndarray,
+        members: list[np.ndarray],
+        k: int,
+        batches: list[np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top-K for n playlists given as index arrays and member lists: (songs (n, K), scores
-        (n, K)), in the given order. Batches group each user's playlists (see ``plan_batches``)
-        and run ``workers`` at a time."""
+        (n, K)), in the given order. Batches group each user's playlists (see ``plan_batches``;
+        ``batches``: the rows of each call, planned elsewhere) and run ``workers`` at a time.
+        A playlist's scores may differ in the last bits with the batch it is in (the graph's
+        products change shape), so the same batches give the same output bytes."""
         n = len(users)
-        lengths = np.array([len(m) for m in members], dtype=np.int64)
-        batches = plan_batches(users, lengths, self.batch_size, max_cells=self.max_cells)
+        if batches is None:
+            lengths = np.array([len(m) for m in members], dtype=np.int64)
+            batches = plan_batches(users, lengths, self.batch_size, max_cells=self.max_cells)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.workers)
         futures = [
@@ -442,14 +459,19 @@ def _prepare(frame: pl.DataFrame, model: ExportedModel, summary: ScoreSummary) -
     summary.new_playlists += int((playlists == UNKNOWN).sum())
     summary.new_user_playlists += int((users == UNKNOWN).sum())
     summary.fallback_playlists += int((n_members == 0).sum())
-    flat = grouped["members"].explode().drop_nulls().to_numpy().astype(np.int64)
-    members = np.split(flat, np.cumsum(n_members)[:-1]) if len(n_members) else []
     return _Prepared(
         playlist_ids=grouped["playlist"],
         users=users,
         playlists=playlists,
-        members=members,
+        members=member_lists(grouped["members"]),
     )
+
+
+def member_lists(lists: pl.Series) -> list[np.ndarray]:
+    """A list column of song indices as one int64 array per row (empty lists: empty arrays)."""
+    lengths = lists.list.len().to_numpy().astype(np.int64)
+    flat = lists.explode().drop_nulls().to_numpy().astype(np.int64)
+    return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
 
 
 def grid_cells(users: np.ndarray, n_members: np.ndarray) -> int:
@@ -525,9 +547,14 @@ def pad(members: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
 
 
 def _rows_out(
-    prepared: _Prepared, songs: np.ndarray, scores: np.ndarray, model: ExportedModel
+    prepared: _Prepared,
+    songs: np.ndarray,
+    scores: np.ndarray,
+    model: ExportedModel,
+    order: np.ndarray | None = None,
 ) -> pl.DataFrame:
-    """The output rows of one chunk (input order, rank 1 first; -inf scores dropped)."""
+    """The output rows of one chunk (input order, rank 1 first; -inf scores dropped); with
+    ``order`` (each playlist's input position), an ``order`` column after the four."""
     n, k = songs.shape
     frame = pl.DataFrame(
         {
@@ -537,6 +564,8 @@ def _rows_out(
             "score": scores.reshape(-1),
         }
     )
+    if order is not None:
+        frame = frame.with_columns(order=np.repeat(np.asarray(order, dtype=np.int64), k))
     return frame.filter(pl.col("score").is_finite())
 
 
@@ -548,15 +577,19 @@ def score_file(
     log: Callable[[str], None] | None = None,
 ) -> ScoreSummary:
     """Score every playlist of ``input`` with the exported ``model``; CSV to ``out`` (written
-    aside, renamed when complete) or to stdout. Returns the counts of the summary line."""
+    aside, renamed when complete) or to stdout. Returns the counts of the summary line.
+    ``config.engine == "ray"``: the same rows from Ray actors (``masr.score_ray.score_ray``),
+    also as Parquet parts in the directory ``out`` (``config.out_format``)."""
     config = config or ScoreConfig()
     config.validate()
     say = log or (lambda _msg: None)
+    if config.engine == "ray":  # Ray is imported there, never on this engine's path
+        from masr.score_ray import score_ray
+
+        return score_ray(input, model, out, config, say)
     started = time.perf_counter()
     input = Path(input)
-    _scan(input, config.columns)  # input problems first, before loading the model
-    if out is not None and Path(out).is_dir():
-        raise MasrError(f"--out {out}: is a directory; give a file name")
+    check_paths(input, out, config)
     exported = ExportedModel(model, config.device, config.workers, config.batch_size)
     summary = ScoreSummary(provider=exported.provider)
     say(
@@ -565,16 +598,8 @@ def score_file(
         f"batches of {exported.batch_size}"
     )
     _two_stage(exported, config, model, say)
-    if (
-        exported.provider == "cuda"
-        and not exported.two_stage
-        and exported.chunk
-        and exported.chunk <= exported.n_songs
-    ):
-        say(  # the CPU-sized default loop step: a whole-catalog one was 3.3x faster on an H200
-            f"hint: this export walks the catalog {exported.chunk} songs at a time (the CPU's "
-            f"best); for CUDA, masr export --chunk {exported.n_songs + 1} scores faster"
-        )
+    if exported.provider == "cuda":
+        _chunk_hint(exported, say)
     try:
         if out is None:
             _write_all(input, exported, sys.stdout.buffer, config, summary)
@@ -585,6 +610,34 @@ def score_file(
         exported.close()
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def check_paths(input: Path, out: str | Path | None, config: ScoreConfig) -> None:
+    """Input problems first, before loading the model; then an ``--out`` that cannot be
+    written in the chosen format (one line each)."""
+    _scan(input, config.columns)
+    if config.out_format == "parquet":
+        if out is None:
+            raise MasrError("--format parquet: needs --out DIR (a directory of Parquet files)")
+        out = Path(out)
+        if out.exists() and not out.is_dir():
+            raise MasrError(f"--out {out}: is a file; --format parquet writes a directory")
+        if out.is_dir() and any(not p.name.endswith(".parquet") for p in out.iterdir()):
+            raise MasrError(
+                f"--out {out}: holds other files than Parquet parts; give a new directory"
+            )
+    elif out is not None and Path(out).is_dir():
+        raise MasrError(f"--out {out}: is a directory; give a file name")
+
+
+def _chunk_hint(model: ExportedModel, say: Callable[[str], None]) -> None:
+    """On CUDA: one line when the export walks the catalog in the CPU-sized default step (a
+    whole-catalog step was 3.3x faster on an H200)."""
+    if not model.two_stage and model.chunk and model.chunk <= model.n_songs:
+        say(
+            f"hint: this export walks the catalog {model.chunk} songs at a time (the CPU's "
+            f"best); for CUDA, masr export --chunk {model.n_songs + 1} scores faster"
+        )
 
 
 def _two_stage(
