@@ -196,6 +196,24 @@ def test_comparison_rows_follow_table_2() -> None:
     assert len(imp.values) == len(COLUMNS)
 
 
+def test_alpha_variants_sit_beside_their_fusion_never_among_baselines() -> None:
+    """`masr evaluate --alpha`: amasr@α=… rows follow AMASR and do not count as the best
+    baseline of the improvement row."""
+    results = {
+        "pop": _res(0.4, 0.2),
+        "amasr": _res(0.6, 0.4),
+        "amasr@α=0.25": _res(0.9, 0.9),
+        "amasr@α=0.75": _res(0.5, 0.3),
+    }
+    rows = comparison_rows(results)
+    assert [r.run for r in rows if r.group == "baseline"] == ["pop"]
+    assert [(r.run, r.label) for r in rows if r.group == "ours"] == [
+        ("amasr", "AMASR"), ("amasr@α=0.25", "AMASR α=0.25"), ("amasr@α=0.75", "AMASR α=0.75")
+    ]
+    (imp,) = [r for r in rows if r.group == "improvement"]
+    assert imp.values == pytest.approx([50.0, 100.0, 50.0, 100.0])  # vs pop, not the variant
+
+
 def test_no_improvement_rows_without_baselines() -> None:
     rows = comparison_rows({"masr": _res(0.5, 0.3)})
     assert not [r for r in rows if r.group == "improvement"]

@@ -183,7 +183,7 @@ def comparison_rows(results: dict[str, dict[str, dict[str, float]]]) -> list[Tab
 
     rows: list[TableRow] = []
     for run in run_order([*results, *NOT_YET_RUN]):
-        if run in ours:
+        if run in ours or "@α=" in run:
             continue
         if run in results:
             rows.append(TableRow("baseline", run, labels.get(run, run), values(run)))
@@ -192,6 +192,10 @@ def comparison_rows(results: dict[str, dict[str, dict[str, float]]]) -> list[Tab
     for run, label in OURS:
         if run in results:
             rows.append(TableRow("ours", run, label, values(run)))
+        # `masr evaluate --alpha`: the same fusion at other weights, beside it (never a baseline)
+        for variant in sorted(r for r in results if r.startswith(f"{run}@α=")):
+            alpha = variant.split("@α=", 1)[1]
+            rows.append(TableRow("ours", variant, f"{label} α={alpha}", values(variant)))
     baselines = [r for r in rows if r.group == "baseline" and r.values is not None]
     if baselines:
         best: list[float | None] = []
