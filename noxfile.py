@@ -50,4 +50,6 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Speed and memory benchmarks (see benchmarks/README.md). Pass names to run a subset."""
     _install(session, "test")
+    # yardsticks for the benchmarks only, never masr dependencies (issue 13: implicit's BPR)
+    session.install(*CONSTRAINTS, "implicit")
     session.run("python", "benchmarks/run.py", *session.posargs)

@@ -128,6 +128,32 @@ def one_epoch(
     }
 
 
+def implicit_epoch(data, threads: int) -> dict | None:
+    """Seconds of one BPR epoch of `implicit` (the yardstick of issue 13; installed by the bench
+    session only, never a masr dependency) on the same training rows: playlist x song, d = 64,
+    its own sampling (one negative per row). None when `implicit` is not installed."""
+    try:
+        from implicit.cpu.bpr import BayesianPersonalizedRanking
+    except ImportError:
+        return None
+    import numpy as np
+    from scipy.sparse import csr_matrix
+
+    rows = data.train_playlist
+    matrix = csr_matrix(
+        (np.ones(len(rows), dtype=np.float32), (rows, data.train_song)),
+        shape=(data.n_playlists, data.n_songs),
+    )
+    model = BayesianPersonalizedRanking(
+        factors=63, iterations=1, num_threads=threads, random_state=0
+    )  # implicit adds a bias column: 63 + 1 = 64
+    model.fit(matrix, show_progress=False)  # warm-up (allocations)
+    t0 = time.perf_counter()
+    model.fit(matrix, show_progress=False)
+    return {"model": "implicit-bpr", "threads": threads,
+            "seconds_per_epoch": round(time.perf_counter() - t0, 3)}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mdr,mass")
@@ -205,8 +231,23 @@ def main(argv: list[str]) -> int:
                     f"{r['seconds_per_epoch']:8.2f} s/epoch{mark}  target {r['target_s']}",
                     file=sys.stderr,
                 )
+    yardstick = implicit_epoch(data, cores or 1) if not args.skip_cpu else None
+    if yardstick is not None:
+        for r in results:
+            if r["device"] == "cpu" and yardstick["seconds_per_epoch"] > 0:
+                r["ratio_to_implicit"] = round(
+                    r["seconds_per_epoch"] / yardstick["seconds_per_epoch"], 1
+                )
+        print(
+            f"implicit BPR, {yardstick['threads']} threads: "
+            f"{yardstick['seconds_per_epoch']:.2f} s/epoch; masr CPU epochs are "
+            + ", ".join(f"{r['model']} {r.get('ratio_to_implicit')}x" for r in results
+                        if r["device"] == "cpu"),
+            file=sys.stderr,
+        )
     report = {
         "benchmark": "train",
+        "implicit": yardstick,
         "what": "seconds per training epoch (validation excluded) per recipe",
         "machine": {
             "platform": platform.platform(),
