@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from test_evaluate import TableModel
+from test_evaluate import TableModel, data_with
 from typer.testing import CliRunner
 
-from masr.dataset import Cases, PreparedData
+from masr.dataset import PreparedData
 from masr.errors import MasrError
 from masr.evaluate import full_ranks, two_stage_ranks
 from masr.sampling import TrainingIndex
@@ -19,23 +18,8 @@ from masr_cli.main import app
 
 
 def _data(train: list[list[int]], n_songs: int, test_song: list[int]) -> PreparedData:
-    lengths = np.array([len(t) for t in train])
-    indptr = np.r_[0, np.cumsum(lengths)].astype(np.int64)
-    p = np.arange(len(train), dtype=np.int64)
-    cases = Cases(p, np.zeros_like(p), np.asarray(test_song), np.zeros((len(p), 1), np.int64))
-    return PreparedData(
-        path=Path("mem"),
-        manifest={"fingerprint": "x"},
-        n_users=1,
-        n_playlists=len(train),
-        n_songs=n_songs,
-        playlist_user=np.zeros(len(train), dtype=np.int64),
-        train_playlist=np.repeat(p, lengths),
-        train_song=np.concatenate([np.sort(t) for t in map(np.asarray, train)]),
-        indptr=indptr,
-        valid=cases,
-        test=cases,
-    )
+    """test_evaluate's data, one (unused) sampled negative per case: full ranking only."""
+    return data_with(train, n_songs, test_song, [[0]] * len(train))
 
 
 def test_all_candidates_give_the_exact_ranks_and_few_give_a_subset():
