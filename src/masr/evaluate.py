@@ -15,7 +15,7 @@ The comparison table, the plot and the JSON of ``masr evaluate`` are ``masr.repo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -76,6 +76,20 @@ def _by_length(model: Recommender, cases: Cases, index: TrainingIndex) -> np.nda
     return np.argsort(lengths, kind="stable")
 
 
+def _batches(
+    order: np.ndarray, cases: Cases, index: TrainingIndex, batch_size: int
+) -> Iterator[tuple[slice, Tensor, Tensor]]:
+    """The cases in ``order``, ``batch_size`` at a time: (slice of ``order``, (B,) playlists,
+    (B, 1) held-out songs), on the index's device."""
+    import torch
+
+    playlists_all = torch.as_tensor(cases.playlist[order], dtype=torch.long)
+    songs_all = torch.as_tensor(cases.song[order], dtype=torch.long)
+    for start in range(0, len(order), batch_size):
+        sl = slice(start, start + batch_size)
+        yield sl, playlists_all[sl].to(index.device), songs_all[sl].to(index.device).unsqueeze(1)
+
+
 def _unsort(parts: list, order: np.ndarray) -> np.ndarray:
     """Ranks computed in ``order`` put back in case order."""
     ranks = np.zeros(len(order), dtype=np.int64)
@@ -95,23 +109,19 @@ def sampled_ranks(
     from masr.sampling import context_batch
 
     device = index.device
-    n_cases, k = cases.negatives.shape[0], cases.negatives.shape[1]
+    k = cases.negatives.shape[1]
     width = 1 + k
     if batch_size is None:
         members = min(index.max_length, 10_000) if model.uses_members else 1
         batch_size = max(1, min(4096, _BUDGET // (width * members)))
     order = _by_length(model, cases, index)
-    playlists_all = torch.as_tensor(cases.playlist[order], dtype=torch.long)
-    songs_all = torch.as_tensor(cases.song[order], dtype=torch.long)
     negs_all = torch.as_tensor(cases.negatives[order], dtype=torch.long)
     out = []
     with torch.no_grad():
-        for start in range(0, n_cases, batch_size):
-            sl = slice(start, start + batch_size)
-            playlists = playlists_all[sl].to(device)  # (B,)
+        for sl, playlists, target in _batches(order, cases, index, batch_size):
             negs = negs_all[sl].to(device)  # (B, K), -1 = padding
             valid = negs >= 0  # (B, K)
-            cand = torch.cat([songs_all[sl].to(device).unsqueeze(1), negs.clamp(min=0)], 1)
+            cand = torch.cat([target, negs.clamp(min=0)], 1)  # (B, 1+K)
             batch = context_batch(index, playlists, uses_members=model.uses_members)
             d = _clean(model.distance(batch, cand))  # (B, 1+K)
             rank = ((d[:, 1:] <= d[:, :1]) & valid).sum(1)  # (B,)
@@ -128,18 +138,13 @@ def full_ranks(
 
     from masr.sampling import context_batch
 
-    device = index.device
     v = index.n_songs
     if batch_size is None:
         batch_size = max(1, min(1024, (_BUDGET * 4) // v))
     order = _by_length(model, cases, index)
-    playlists_all = torch.as_tensor(cases.playlist[order], dtype=torch.long)
-    songs_all = torch.as_tensor(cases.song[order], dtype=torch.long)
     out = []
     with torch.no_grad():
-        for start in range(0, len(cases), batch_size):
-            playlists = playlists_all[start : start + batch_size].to(device)  # (B,)
-            target = songs_all[start : start + batch_size].to(device).unsqueeze(1)  # (B, 1)
+        for _, playlists, target in _batches(order, cases, index, batch_size):
             batch = context_batch(index, playlists, uses_members=model.uses_members)
             d = _clean(model.full_distance(batch))  # (B, V)
             excluded = _training_songs(index, playlists, v)  # (B, V)
@@ -170,20 +175,15 @@ def two_stage_ranks(
 
     if n < 1:
         raise MasrError(f"--candidates {n}: must be >= 1")
-    device = index.device
     v = index.n_songs
     k = min(n, v)
     if batch_size is None:
         members = min(index.max_length, 10_000) if model.uses_members else 1
         batch_size = max(1, min(1024, (_BUDGET * 4) // v, _BUDGET // (k * members)))
     order = _by_length(model, cases, index)
-    playlists_all = torch.as_tensor(cases.playlist[order], dtype=torch.long)
-    songs_all = torch.as_tensor(cases.song[order], dtype=torch.long)
     ranks, hits = [], []
     with torch.no_grad():
-        for start in range(0, len(cases), batch_size):
-            playlists = playlists_all[start : start + batch_size].to(device)  # (B,)
-            target = songs_all[start : start + batch_size].to(device).unsqueeze(1)  # (B, 1)
+        for _, playlists, target in _batches(order, cases, index, batch_size):
             ctx = context_batch(index, playlists, uses_members=proposer.uses_members)
             d = _clean(proposer.full_distance(ctx))  # (B, V)
             excluded = _training_songs(index, playlists, v)  # (B, V)
