@@ -360,6 +360,24 @@ def test_resume_merge_keeps_explicit_options_and_takes_the_rest() -> None:
     assert saved.train.epochs == 3 and given.train.lr != 0.02  # neither input is changed
 
 
+def test_resume_may_change_budgets_at_every_level_of_a_chain() -> None:
+    """An APR run's signature holds its start's; --resume with a longer time limit or more
+    epochs must match it there too (AMASS continued with --time-limit raised)."""
+    from masr.runs.registry import differences, resumable
+
+    def sig(**train: float) -> dict:
+        options = RunOptions(train=TrainConfig(**train), adversarial=AdversarialConfig(epochs=4))
+        return signature("amass", options, "data")
+
+    old, longer = sig(time_limit=100.0, epochs=3), sig(time_limit=900.0, epochs=9, patience=7)
+    assert old != longer and resumable(old) == resumable(longer)
+    assert differences(resumable(old), resumable(sig(lr=0.5)))  # a real change still blocks
+    fused = signature("amasr", RunOptions(train=TrainConfig(time_limit=100.0)), "data")
+    assert resumable(fused) == resumable(
+        signature("amasr", RunOptions(train=TrainConfig(time_limit=5.0)), "data")
+    )
+
+
 def test_configs_are_checked_when_made() -> None:
     with pytest.raises(MasrError, match="--alpha"):
         RunOptions(alpha=1.5)

@@ -130,16 +130,22 @@ def signature(name: str, options: RunOptions, fingerprint: str) -> dict[str, Any
 
 
 def resumable(sig: dict[str, Any]) -> dict[str, Any]:
-    """A signature without what --resume may change (epochs, patience, time limit)."""
+    """A signature without what --resume may change (epochs, patience, time limit), at every
+    level: an APR run's ``start`` and a fusion's ``parts`` are signatures of their own."""
     out = json.loads(json.dumps(sig))
-    for key in ("train",):
-        if key in out:
-            out[key].pop("epochs", None)
-            out[key].pop("patience", None)
-            out[key].pop("time_limit", None)
-    if "adversarial" in out:
-        out["adversarial"].pop("epochs", None)
+    _drop_resumable(out)
     return out
+
+
+def _drop_resumable(sig: dict[str, Any]) -> None:
+    for key in ("epochs", "patience", "time_limit"):
+        sig.get("train", {}).pop(key, None)
+    sig.get("adversarial", {}).pop("epochs", None)
+    if isinstance(sig.get("start"), dict):
+        _drop_resumable(sig["start"])
+    for part in sig.get("parts", []):
+        if isinstance(part, dict):
+            _drop_resumable(part)
 
 
 def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
