@@ -107,13 +107,15 @@ class _DroppedPairwiseSq(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, y: Tensor, p: float) -> Tensor:  # noqa: D102
         z = x - y  # (..., d)
-        keep, p_eff = dropout_keep(z.shape, p, z.device, torch.bool)
+        # the mask in z's dtype: multiplying by a bool tensor is several times slower on CPU
+        keep, p_eff = dropout_keep(z.shape, p, z.device, z.dtype)
         z.mul_(keep)  # (m z)² = m z² for m in {0, 1}
         scale = 1.0 / (1.0 - p_eff) ** 2
         ctx.save_for_backward(z)
         ctx.scale = scale
         ctx.shapes = (x.shape, y.shape)
-        return torch.linalg.vecdot(z, z).mul_(scale)
+        # Σ_j z_j² as the squared 2-norm: on CPU about 3x faster than vecdot(z, z) or (z*z).sum
+        return torch.linalg.vector_norm(z, dim=-1).square_().mul_(scale)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # noqa: D102
@@ -150,7 +152,11 @@ def dropout_keep(
     level = round(p * 65536)
     words = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device)
     bits = words.view(torch.int16)[:n].view(shape)  # uniform over -32768 .. 32767
-    return (bits >= level - 32768).to(dtype), level / 65536
+    # compared straight into the wanted dtype: a bool result converted to float afterwards
+    # costs several times the comparison on CPU
+    keep = torch.empty(shape, dtype=dtype, device=device)
+    torch.ge(bits, level - 32768, out=keep)
+    return keep, level / 65536
 
 
 def init_embedding(emb: nn.Embedding, dim: int, init_std: float | None) -> None:
