@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from masr import __version__
@@ -52,7 +53,7 @@ from masr.config import ALPHA, UNKNOWN_USER_MODES, ExportConfig
 from masr.config import EXPORT_KINDS as KINDS
 from masr.errors import MasrError
 from masr.export import external
-from masr.export.graph import build_graph
+from masr.export.graph import build_graph, graph_and_arrays
 from masr.export.sources import (
     Source,
     load_sources,
@@ -120,11 +121,13 @@ def export_model(
     mass_w = mass_weights(mass) if mass is not None else None
     part = mdr if mdr is not None else mass
     sizes = part.sizes()
+    dims = {name: int(m.config.dim) for name, m in (("mdr", mdr), ("mass", mass)) if m}
+    del mdr, mass, part  # the arrays above are all that is used of them from here
     data_dir = locate_data(runs_dir, sources, fingerprint, config.data)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     maps = read_id_maps(data_dir, sizes)
 
-    graph = build_graph(
+    graph, arrays = graph_and_arrays(
         mdr_w,
         mass_w,
         alpha,
@@ -133,6 +136,7 @@ def export_model(
         candidates=config.candidates,
         **sizes,
     )
+    del mdr_w, mass_w  # the tables live on in ``arrays`` until written, once
     files: list[Path] = []
     written: dict[str, dict[str, Any]] = {}
     for name in ID_MAPS:
@@ -143,11 +147,6 @@ def export_model(
             written[name]["sha256"] = sha256_file(tmp)
         files.append(path)
 
-    dims = {}
-    if mdr is not None:
-        dims["mdr"] = int(mdr.config.dim)
-    if mass is not None:
-        dims["mass"] = int(mass.config.dim)
     data = {
         "fingerprint": fingerprint,
         "checksum": manifest.get("checksum"),
@@ -155,9 +154,11 @@ def export_model(
         "input": manifest.get("input"),
     }
     weights = None
-    if config.external_data or external.needs_external(graph):
-        weights = _write_weights(graph, out)
+    if config.external_data or external.too_large(graph, arrays):
+        weights = _write_weights(graph, arrays, out)
         files.append(sidecar(out, WEIGHTS))
+    else:
+        external.embed(graph, arrays)
     metadata = _metadata(kind, alpha, dims, sizes, config, described, data, written, weights)
     for key, value in metadata.items():  # every value JSON-encoded (strings quoted)
         entry = graph.metadata_props.add()
@@ -184,12 +185,14 @@ def export_model(
     return ExportResult(path=out, metadata=metadata, files=files)
 
 
-def _write_weights(graph: onnx.ModelProto, out: Path) -> dict[str, Any]:
-    """Move the graph's large tensors to ``NAME.onnx.weights`` (written aside, renamed) and
+def _write_weights(
+    graph: onnx.ModelProto, arrays: dict[str, np.ndarray], out: Path
+) -> dict[str, Any]:
+    """Write the graph's large tensors to ``NAME.onnx.weights`` (written aside, renamed) and
     describe that file for the metadata (``masr.export.external``)."""
     path = sidecar(out, WEIGHTS)
     with atomic_path(path) as tmp:
-        size = external.move_to_file(graph, tmp, path.name)
+        size = external.write_arrays(graph, arrays, tmp, path.name)
         digest = sha256_file(tmp)
     return {"file": path.name, "bytes": size, "sha256": digest}
 
@@ -258,6 +261,7 @@ __all__ = [
     "MDRWeights",
     "Source",
     "build_graph",
+    "graph_and_arrays",
     "export_model",
     "load_sources",
     "locate_data",

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 from onnx.external_data_helper import set_external_data
 
 #: The largest protobuf message, in bytes. Module-level so that a test can lower it and force
@@ -56,4 +58,56 @@ def move_to_file(model: onnx.ModelProto, path: str | Path, location: str) -> int
             tensor.ClearField("raw_data")
             tensor.data_location = onnx.TensorProto.EXTERNAL
             offset += len(raw)
+    return offset
+
+
+# -- from the builder's arrays (``masr.export.graph.graph_and_arrays``) ------------------------
+
+
+def array_bytes(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> int:
+    """``tensor_bytes`` of the model once ``arrays`` are in it."""
+    return tensor_bytes(model) + sum(a.nbytes for a in arrays.values())
+
+
+def too_large(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> bool:
+    """``needs_external`` for a model whose tensors are still ``arrays``."""
+    return array_bytes(model, arrays) + HEADROOM > PROTO_LIMIT
+
+
+def embed(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> None:
+    """Fill the model's initializer shells with their ``arrays`` (consumed: each array is let go
+    as soon as it is in the protobuf)."""
+    for tensor in model.graph.initializer:
+        if tensor.name in arrays:
+            tensor.CopyFrom(numpy_helper.from_array(arrays.pop(tensor.name), tensor.name))
+
+
+def write_arrays(
+    model: onnx.ModelProto, arrays: dict[str, np.ndarray], path: str | Path, location: str
+) -> int:
+    """``move_to_file`` straight from the builder's arrays: the large ones are written to
+    ``path`` (each page-aligned) and their shells point at ``location``; the small ones are
+    embedded. ``arrays`` is consumed. Returns the file's size."""
+    offset = 0
+    with open(path, "wb") as fh:
+        for tensor in model.graph.initializer:
+            array = arrays.pop(tensor.name, None)
+            if array is None:
+                continue
+            if array.nbytes < MIN_EXTERNAL_BYTES:
+                tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
+                continue
+            gap = -offset % ALIGN
+            fh.write(b"\0" * gap)
+            offset += gap
+            # ONNX stores little-endian bytes (a view on little-endian machines)
+            little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+            fh.write(memoryview(little).cast("B"))
+            del tensor.external_data[:]
+            for key, value in (("location", location), ("offset", offset),
+                               ("length", array.nbytes)):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, str(value)
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            offset += array.nbytes
     return offset

@@ -27,7 +27,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from masr import __version__
 from masr.config import EXPORT_CHUNK
-from masr.export.mass_graph import mass_distance
+from masr.export.external import embed
+from masr.export.mass_graph import mass_distance, row_blocks
 from masr.export.onnx_builder import Graph, f32
 from masr.export.two_stage import mass_on_candidates
 from masr.export.weights import MASSWeights, MDRWeights
@@ -52,7 +53,31 @@ def build_graph(
 
     With both parts the distance is eq. 20's α o_MDR + (1-α) o_MASS; with one part, that part's.
     ``candidates`` N (both parts needed) builds the two-stage graph instead (``two_stage``): MDR
-    proposes N songs per row, the fusion re-ranks them; N is the default of an extra input."""
+    proposes N songs per row, the fusion re-ranks them; N is the default of an extra input.
+    Every tensor is inside the returned model (``graph_and_arrays`` keeps them apart)."""
+    model, arrays = graph_and_arrays(
+        mdr, mass, alpha, n_users=n_users, n_playlists=n_playlists, n_songs=n_songs,
+        chunk=chunk, unknown_user=unknown_user, candidates=candidates,
+    )
+    embed(model, arrays)
+    return model
+
+
+def graph_and_arrays(
+    mdr: MDRWeights | None,
+    mass: MASSWeights | None,
+    alpha: float,
+    *,
+    n_users: int,
+    n_playlists: int,
+    n_songs: int,
+    chunk: int = EXPORT_CHUNK,
+    unknown_user: str = "members",
+    candidates: int | None = None,
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``build_graph``'s model with its constants' initializers as shells, and their data by
+    name: ``masr.export.external`` then embeds them (``embed``) or writes them to a weights file
+    (``write_arrays``) without ever holding a second copy of the tables."""
     if mdr is None and mass is None:
         raise ValueError("build_graph needs MDR weights, MASS weights or both")
     w_mdr = alpha if mass is not None else 1.0
@@ -115,7 +140,7 @@ def build_graph(
         ],
         g.used_initializers(),
     )
-    return helper.make_model(
+    model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET)],
         ir_version=IR_VERSION,
@@ -123,6 +148,7 @@ def build_graph(
         producer_version=__version__,
         doc_string="masr playlist continuation: top-K songs per playlist (see the metadata)",
     )
+    return model, g.arrays
 
 
 def _exclude_members(g: Graph, distance: str, real: str, V: int) -> str:
@@ -189,13 +215,14 @@ def _mdr_distance(
     b1sq = f32(np.square(mdr.metric_user))  # (d,) B1²
     b2sq = f32(np.square(mdr.metric_playlist))  # (d,) B2²
     # constants of eq. 11 in GEMM form, times α: [-2s; |B1⊙s|²; |B2⊙s|²; θ_s] (d+3, n_cols)
-    song = mdr.song.astype(np.float64)
-    rhs = np.zeros((d + 3, n_cols), dtype=np.float64)
-    rhs[:d, :V] = -2.0 * song.T
-    rhs[d, :V] = np.square(song) @ b1sq
-    rhs[d + 1, :V] = np.square(song) @ b2sq
-    rhs[d + 2, :V] = mdr.song_bias
-    rhs *= w_mdr
+    # (computed in float64 a block of songs at a time, stored float32: no float64 copy of S)
+    rhs = np.zeros((d + 3, n_cols), dtype=np.float32)
+    for lo, hi in row_blocks(V):
+        song = mdr.song[lo:hi].astype(np.float64)
+        rhs[:d, lo:hi] = (-2.0 * song.T) * w_mdr
+        rhs[d, lo:hi] = (np.square(song) @ b1sq) * w_mdr
+        rhs[d + 1, lo:hi] = (np.square(song) @ b2sq) * w_mdr
+        rhs[d + 2, lo:hi] = mdr.song_bias[lo:hi] * np.float64(w_mdr)
     song_c = g.const("mdr_song", f32(mdr.song))
     # fold-in vector: mean of the members' song vectors (B, d); zero when there is none
     s_members = g.op("Gather", song_c, m.safe, axis=0)  # (B, L, d)

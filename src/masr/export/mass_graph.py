@@ -31,10 +31,12 @@ from masr.onnx_format import UNKNOWN
 
 
 class MemoryTables(NamedTuple):
-    """MASS's constants in GEMM form (module docstring), float64, for both memories: per-user
-    offsets |B|⊙(W_u u) with the unknown user's mean appended and a 0 column (n_users+1, d+1);
-    per-song query constants [|B|⊙(W_s s + b), 1] (V, d+1); member-side factors (V, d+1),
-    output [-2|B3|⊙s_t; |B3⊙s_t|²] and attention [2|B4|⊙s_t; -|B4⊙s_t|²]."""
+    """MASS's constants in GEMM form (module docstring), for both memories: per-user offsets
+    |B|⊙(W_u u) with the unknown user's mean appended and a 0 column (n_users+1, d+1); per-song
+    query constants [|B|⊙(W_s s + b), 1] (V, d+1); member-side factors (V, d+1), output
+    [-2|B3|⊙s_t; |B3⊙s_t|²] and attention [2|B4|⊙s_t; -|B4⊙s_t|²]. Computed in float64,
+    stored float32 (what the graph holds), ``ROW_BLOCK`` rows at a time so that a catalog of
+    millions of songs never has a float64 copy of its tables."""
 
     out_offsets: np.ndarray
     out_queries: np.ndarray
@@ -44,20 +46,38 @@ class MemoryTables(NamedTuple):
     att_members: np.ndarray
 
 
+#: Rows of a table computed at once in float64 (bounds the export's temporary memory).
+ROW_BLOCK = 1 << 16
+
+
+def row_blocks(n: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of at most ``ROW_BLOCK`` rows covering ``n`` rows."""
+    return [(lo, min(lo + ROW_BLOCK, n)) for lo in range(0, n, ROW_BLOCK)]
+
+
 def memory_tables(mass: MASSWeights, n_users: int) -> MemoryTables:
     """The constants of eq. 12's output memory and eq. 16's attention memory (``MemoryTables``),
     shared by the exact graph (walked by chunk) and the two-stage one (``two_stage``)."""
 
     def memory(user, song, w_user, w_song, bias, metric, sign):
         scale = np.abs(metric.astype(np.float64))  # |B|: ReLU(x)|B| = ReLU(|B| x)
-        w_u, w_s = w_user.astype(np.float64), w_song.astype(np.float64)  # (d, d) each
-        offsets = (user.astype(np.float64) @ w_u.T) * scale  # (n_users, d)
-        offsets = np.vstack([offsets, offsets.mean(axis=0, keepdims=True)])  # row n_users: unknown
-        offsets = np.hstack([offsets, np.zeros((n_users + 1, 1))])  # the appended 1 stays 1
-        queries = (song.astype(np.float64) @ w_s.T + bias) * scale
-        queries = np.hstack([queries, np.ones((len(queries), 1))])
-        s = song.astype(np.float64) * scale
-        members = np.hstack([sign * 2.0 * s, -sign * np.square(s).sum(1, keepdims=True)])
+        w_u, w_s = w_user.astype(np.float64).T, w_song.astype(np.float64).T  # (d, d) each
+        d = len(scale)
+        offsets = np.zeros((n_users + 1, d + 1), np.float32)  # the appended 1 stays 1: 0 here
+        total = np.zeros(d)
+        for lo, hi in row_blocks(n_users):
+            block = (user[lo:hi].astype(np.float64) @ w_u) * scale  # (rows, d)
+            offsets[lo:hi, :d] = block
+            total += block.sum(axis=0)
+        offsets[n_users, :d] = total / max(n_users, 1)  # row n_users: the unknown user's mean
+        queries = np.ones((len(song), d + 1), np.float32)
+        members = np.empty((len(song), d + 1), np.float32)
+        for lo, hi in row_blocks(len(song)):
+            s = song[lo:hi].astype(np.float64)
+            queries[lo:hi, :d] = (s @ w_s + bias) * scale
+            s *= scale
+            members[lo:hi, :d] = sign * 2.0 * s
+            members[lo:hi, d] = -sign * np.square(s).sum(axis=1)
         return offsets, queries, members
 
     out = memory(
@@ -97,15 +117,20 @@ def mass_distance(
 
     def by_chunk(queries: np.ndarray) -> np.ndarray:
         """(V, d+1) per-song query constants, padded to whole chunks and transposed by chunk
-        (n_chunks, d+1, chunk); the appended 1 stays 1 in the padding too."""
-        padded = np.zeros((v_pad, d + 1))
-        padded[:V] = queries
-        padded[:, d] = 1.0
-        return padded.reshape(n_chunks, chunk, d + 1).transpose(0, 2, 1)
+        (n_chunks, d+1, chunk), written straight into that layout (no padded copy); the
+        appended 1 stays 1 in the padding too."""
+        out = np.zeros((n_chunks, d + 1, chunk), np.float32)
+        rows = out.transpose(0, 2, 1)  # (n_chunks, chunk, d+1): a view of out
+        full = V // chunk
+        rows[:full] = queries[: full * chunk].reshape(full, chunk, d + 1)
+        if V > full * chunk:
+            rows[full, : V - full * chunk] = queries[full * chunk :]
+        out[:, d, :] = 1.0
+        return out
 
     out_off, out_q, out_m = t.out_offsets, by_chunk(t.out_queries), t.out_members
     att_off, att_q, att_m = t.att_offsets, by_chunk(t.att_queries), t.att_members
-    bias = np.zeros(v_pad)
+    bias = np.zeros(v_pad, np.float32)
     bias[:V] = mass.song_bias
     bias = bias.reshape(n_chunks, 1, chunk)
 

@@ -2,6 +2,11 @@
 
 Node and constant names come from one counter per graph, so the same calls in the same order give
 the same file byte for byte: keep the order of calls when moving graph code around.
+
+Constants are kept as NumPy arrays until the model is complete (``arrays``); their initializers
+are shells (name, type, shape) that ``masr.export.external`` fills in place or points at a
+weights file. A protobuf copy of a graph is then cheap, and an export at Million Playlist size
+never holds its tables twice.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 
 class Graph:
@@ -18,7 +23,8 @@ class Graph:
 
     def __init__(self, prefix: str = "", shared: Graph | None = None) -> None:
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
+        self.initializers: list[onnx.TensorProto] = []  # shells; the data is in ``arrays``
+        self.arrays: dict[str, np.ndarray] = {}
         self._prefix = prefix
         self._count = 0
         self._ints: dict[tuple, str] = {}
@@ -41,8 +47,11 @@ class Graph:
     def const(self, hint: str, value: Any, dtype: Any = None) -> str:
         array = np.asarray(value, dtype=dtype)
         name = self.name(hint)
-        # copy(order="C"), not ascontiguousarray: that would turn a scalar into shape (1,)
-        self.initializers.append(numpy_helper.from_array(array.copy(order="C"), name))
+        if not array.flags.c_contiguous:
+            # copy(order="C"), not ascontiguousarray: that would turn a scalar into shape (1,)
+            array = array.copy(order="C")
+        self.initializers.append(shell(name, array))
+        self.arrays[name] = array
         return name
 
     def op(self, op_type: str, *inputs: str, n_out: int = 1, hint: str | None = None, **attrs: Any):
@@ -63,6 +72,13 @@ class Graph:
 
         visit(self.nodes)
         return [t for t in self.initializers if t.name in used]
+
+
+def shell(name: str, array: np.ndarray) -> onnx.TensorProto:
+    """An initializer without its data: name, element type and shape of ``array``."""
+    tensor = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
+    tensor.dims.extend(array.shape)
+    return tensor
 
 
 def f32(a: np.ndarray) -> np.ndarray:

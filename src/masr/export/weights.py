@@ -60,7 +60,9 @@ W = TypeVar("W", MDRWeights, MASSWeights)
 
 
 def _np(t: Tensor) -> np.ndarray:
-    return t.detach().to("cpu").float().numpy().copy()
+    """A float32 NumPy view of ``t`` where it is one already (a copy otherwise): the export
+    reads the model's tables once, without a second copy (do not change the model meanwhile)."""
+    return t.detach().to("cpu").float().numpy()
 
 
 def _weights(cls: type[W], model: ExportsWeights) -> W:
