@@ -244,6 +244,41 @@ def test_neumf_from_branches_fuses_the_pretrained_scores(groups: PreparedData) -
         neumf.from_branches(mlp, gmf)
 
 
+def test_neumf_trains_its_branches_first_and_starts_from_them(
+    groups: PreparedData, tmp_path: Path
+) -> None:
+    """masr train --model neumf: GMF and MLP trained alone (runs neumf_gmf, neumf_mlp), then
+    the fused model from their best checkpoints (NCF section 3.4.1)."""
+    from masr.checkpoint import load_model
+    from masr.runs import plan
+
+    assert plan("neumf") == ["neumf_gmf", "neumf_mlp", "neumf"]
+    runs = tmp_path / "runs"
+    settings = {"dim": 8, "layers": 2, "entity": "user"}
+    learn("neumf", groups, runs, settings, epochs=2)
+    gmf, _ = load_model(runs / "neumf_gmf" / "best.pt")
+    mlp, _ = load_model(runs / "neumf_mlp" / "best.pt")
+    assert (gmf.config.branch, mlp.config.branch) == ("gmf", "mlp")
+    info = json.loads((runs / "neumf" / "run.json").read_text())
+    assert info["procedure"] == "pretrained" and info["start_from"] == ["neumf_gmf", "neumf_mlp"]
+    # a fine-tuning step too small to move anything: the fused model is the branches' fusion
+    again = RunOptions(
+        train=TrainConfig(epochs=1, batch_size=32, lr=1e-12, seed=0, patience=0),
+        model=settings,
+        device="cpu",
+    )
+    train_run("neumf", groups, runs, again)  # its branches are made again with this lr too
+    fused, _ = load_model(runs / "neumf" / "best.pt")
+    gmf, _ = load_model(runs / "neumf_gmf" / "best.pt")
+    torch.testing.assert_close(fused.gmf_song.weight, gmf.gmf_song.weight, atol=1e-8, rtol=0)
+    # with the branches' own options changed, the fused run is made again: its signature
+    # holds theirs
+    from masr.runs.registry import signature
+
+    sig = signature("neumf", again, groups.fingerprint)
+    assert [p["run"] for p in sig["parts"]] == ["neumf_gmf", "neumf_mlp"]
+
+
 def test_cmn_neighbourhoods_are_holders_without_the_row_itself(groups: PreparedData) -> None:
     index = TrainingIndex.from_data(groups)
     model = build("cmn", groups, dim=4, neighbours=3)
@@ -312,6 +347,6 @@ def test_cli_trains_and_evaluates_each(chain: PreparedData, tmp_path: Path) -> N
     result = runner.invoke(app, ["evaluate", "--model", "all", "--json", "-", *common])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    assert set(payload) == set(NEW)
+    assert set(payload) == {*NEW, "neumf_gmf", "neumf_mlp"}  # NeuMF++'s pre-trained branches
     for run in payload.values():
         assert set(run) == {"sampled", "full"}

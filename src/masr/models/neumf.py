@@ -11,8 +11,10 @@ song s, fused by one output vector h (NCF eqs. 9-12):
 The tower starts at 2d and halves at each of its ``layers`` (1-3) layers. Pre-training (NCF
 section 3.4.1): train ``branch="gmf"`` and ``branch="mlp"`` models, then
 ``NeuMF.from_branches(gmf, mlp, alpha)`` builds the fused model with h = [alpha h^GMF;
-(1 - alpha) h^MLP] (NCF eq. 13) to fine-tune. ``masr train --model neumf`` trains the fused
-model end to end from a random start (no run procedure chains the three trainings yet).
+(1 - alpha) h^MLP] (NCF eq. 13) to fine-tune. ``masr train --model neumf`` does all three:
+runs ``neumf_gmf`` and ``neumf_mlp`` (one branch each, same options), then ``neumf`` from their
+best checkpoints with alpha = 0.5 (``masr.runs``' "pretrained" procedure). NCF fine-tunes with
+plain SGD; masr keeps its Adam (fresh moments), like every other run.
 """
 
 from __future__ import annotations

@@ -186,6 +186,10 @@ def _build(
         start_dir = runs_dir / (spec.start_from or "")
         model, ckpt = _load_part(runs_dir, spec.start_from or "", data, options, device)
         log(f"{run}: APR from {start_dir / 'best.pt'} (epoch {ckpt.get('epoch')})")
+    elif spec.procedure == "pretrained":
+        branches = [_load_part(runs_dir, p, data, options, device)[0] for p in spec.parts]
+        model = cls.from_branches(*branches).to(device)  # type: ignore[attr-defined]
+        log(f"{run}: starting from the pre-trained {' + '.join(spec.parts)}")
     else:
         model = cls(
             model_config(run, options.model), data.n_users, data.n_playlists, data.n_songs
@@ -203,7 +207,7 @@ def _build(
         "model_config": model.config.to_dict(),
         "train_config": train_cfg.to_dict(),
         "adversarial": adversarial.to_dict() if adversarial else None,
-        "start_from": spec.start_from,
+        "start_from": spec.start_from or (list(spec.parts) or None),
         "data": {"path": str(data.path), "fingerprint": data.fingerprint},
         "device": str(device),
         "options": options.to_dict(),

@@ -8,7 +8,10 @@ docs/design.md). ``RUNS`` maps each run name to its model class and procedure:
 * ``apr``: APR (eqs. 22-24) starting from the best checkpoint of the run ``start_from``
   (trained first when missing), as the paper's Step 1;
 * ``fuse``: MASR (eq. 20) from the best checkpoints of the two ``parts`` (MDR-like, MASS-like),
-  frozen; nothing is trained.
+  frozen; nothing is trained;
+* ``pretrained``: gradient training like ``train``, starting from the best checkpoints of its
+  ``parts`` combined by the model class's ``from_branches`` (NeuMF: the GMF and MLP branches
+  trained alone first, NCF section 3.4.1).
 
 A run may fix model settings (``RunSpec.settings``): the ablations of the paper's Table 3 are
 runs of their own (``mdr_us`` is MDR with ``terms="us"``), so their checkpoints never overwrite
@@ -35,9 +38,9 @@ class RunSpec:
     """How a run is made: its model class (registry name) and procedure."""
 
     model: str
-    procedure: str = "train"  # "train" (BPR / fit), "apr" or "fuse"
+    procedure: str = "train"  # "train" (BPR / fit), "apr", "fuse" or "pretrained"
     start_from: str | None = None  # apr: the run whose best checkpoint it starts from
-    parts: tuple[str, ...] = ()  # fuse: (MDR-like run, MASS-like run)
+    parts: tuple[str, ...] = ()  # fuse: (MDR-like run, MASS-like run); pretrained: branches
     also: tuple[str, ...] = ()  # runs made first alongside it (amasr also leaves masr)
     #: model-config fields this run fixes, e.g. (("terms", "us"),): they override the defaults,
     #: a contradicting --set is an error, and they are part of the run's signature
@@ -60,7 +63,10 @@ RUNS: dict[str, RunSpec] = {
     "mfbpr": RunSpec("mfbpr"),
     "cml": RunSpec("cml"),
     "fism": RunSpec("fism"),
-    "neumf": RunSpec("neumf"),
+    # NeuMF++ (NCF section 3.4.1): each branch trained alone, then the fused model from both
+    "neumf_gmf": RunSpec("neumf", settings=(("branch", "gmf"),)),
+    "neumf_mlp": RunSpec("neumf", settings=(("branch", "mlp"),)),
+    "neumf": RunSpec("neumf", "pretrained", parts=("neumf_gmf", "neumf_mlp")),
     "cmn": RunSpec("cmn"),
     "prme": RunSpec("prme"),
     "transrec": RunSpec("transrec"),
@@ -126,6 +132,8 @@ def signature(name: str, options: RunOptions, fingerprint: str) -> dict[str, Any
     if spec.procedure == "apr":
         sig["adversarial"] = options.adversarial.to_dict()
         sig["start"] = signature(spec.start_from or "", options, fingerprint)
+    if spec.procedure == "pretrained":
+        sig["parts"] = [signature(p, options, fingerprint) for p in spec.parts]
     return sig
 
 
@@ -179,6 +187,8 @@ EXTRA_BASELINES = (
     ("itemknn", "item-kNN"),
     ("ease", "EASE"),
     ("als", "ALS"),
+    ("neumf_gmf", "GMF (NeuMF++'s pre-training)"),
+    ("neumf_mlp", "MLP (NeuMF++'s pre-training)"),
 )
 OURS = (
     ("mdr", "MDR"),
