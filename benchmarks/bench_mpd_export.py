@@ -24,7 +24,8 @@ run.json). What is measured is the export path, not the quality:
    RSS, to show that memory does not grow with the input (the input streams in batches).
 
 Every masr command is a child process pinned with taskset (one core by default), its peak RSS
-from os.wait4. Figures go to bench-out/<json>.
+from os.wait4 through a small shim (``bench_mpd.run``: a child of this big process would report
+this process's peak). Figures go to bench-out/<json>.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,29 +42,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import torch
+from bench_mpd import run  # a pinned masr child, its peak RSS measured apart from ours
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench-out"
-
-
-def run(args: list[str], cpus: str, threads: int) -> dict:
-    """One masr command in a pinned child process: wall seconds, CPU seconds, peak RSS."""
-    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
-    for var in ("POLARS_MAX_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = str(threads)
-    cmd = ["taskset", "-c", cpus, sys.executable, "-m", "masr_cli.main", *args]
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    stderr = proc.stderr.read() if proc.stderr else b""
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(args[:2])} failed: {stderr.decode(errors='replace')[-2000:]}")
-    return {
-        "wall_s": round(wall, 2),
-        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux: KiB
-    }
 
 
 def make_random_runs(data_dir: Path, runs: Path, dim: int, seed: int) -> dict:
