@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from onnx.external_data_helper import set_external_data
 
 #: The largest protobuf message, in bytes. Module-level so that a test can lower it and force
 #: the external layout on a tiny model.
@@ -35,32 +34,6 @@ def tensor_bytes(model: onnx.ModelProto) -> int:
     return sum(len(t.raw_data) for t in model.graph.initializer)
 
 
-def needs_external(model: onnx.ModelProto) -> bool:
-    """Whether the model would not fit in one protobuf (``PROTO_LIMIT``, read at call time)."""
-    return tensor_bytes(model) + HEADROOM > PROTO_LIMIT
-
-
-def move_to_file(model: onnx.ModelProto, path: str | Path, location: str) -> int:
-    """Write the large initializers' bytes to ``path`` and point them at ``location`` (the name
-    the file will have next to the model: ``path`` may be a temporary name). Returns the file's
-    size. The model is changed in place."""
-    offset = 0
-    with open(path, "wb") as fh:
-        for tensor in model.graph.initializer:
-            raw = tensor.raw_data
-            if len(raw) < MIN_EXTERNAL_BYTES:
-                continue
-            gap = -offset % ALIGN
-            fh.write(b"\0" * gap)
-            offset += gap
-            fh.write(raw)
-            set_external_data(tensor, location, offset, len(raw))
-            tensor.ClearField("raw_data")
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-            offset += len(raw)
-    return offset
-
-
 # -- from the builder's arrays (``masr.export.graph.graph_and_arrays``) ------------------------
 
 
@@ -70,7 +43,8 @@ def array_bytes(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> int:
 
 
 def too_large(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> bool:
-    """``needs_external`` for a model whose tensors are still ``arrays``."""
+    """Whether the model, once ``arrays`` are in it, would not fit in one protobuf
+    (``PROTO_LIMIT``, read at call time)."""
     return array_bytes(model, arrays) + HEADROOM > PROTO_LIMIT
 
 
@@ -85,9 +59,9 @@ def embed(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> None:
 def write_arrays(
     model: onnx.ModelProto, arrays: dict[str, np.ndarray], path: str | Path, location: str
 ) -> int:
-    """``move_to_file`` straight from the builder's arrays: the large ones are written to
-    ``path`` (each page-aligned) and their shells point at ``location``; the small ones are
-    embedded. ``arrays`` is consumed. Returns the file's size."""
+    """Write the large ``arrays`` to ``path`` (each page-aligned) and point their initializer
+    shells at ``location`` (the name the file will have next to the model: ``path`` may be a
+    temporary name); embed the small ones. ``arrays`` is consumed. Returns the file's size."""
     offset = 0
     with open(path, "wb") as fh:
         for tensor in model.graph.initializer:
