@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 
@@ -27,23 +28,60 @@ def available_memory(device: Any) -> int:
         return 2**63 - 1
 
 
+def busy_cores(cores: set[int], interval: float = 0.2) -> float | None:
+    """How many of ``cores`` other work keeps busy right now: the busy share of each core over
+    ``interval`` seconds from /proc/stat (Linux), summed; None where it cannot be read. This
+    process sleeps meanwhile, so it is not counted."""
+
+    def snapshot() -> dict[int, tuple[int, int]]:
+        out = {}
+        with open("/proc/stat") as fh:
+            for line in fh:
+                name, *fields = line.split()
+                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+                    ticks = [int(x) for x in fields[:8]]  # user .. steal (guest is in user)
+                    out[int(name[3:])] = (sum(ticks), ticks[3] + ticks[4])  # total, idle+iowait
+        return out
+
+    try:
+        before = snapshot()
+        time.sleep(interval)
+        after = snapshot()
+    except (OSError, ValueError, IndexError):
+        return None
+    busy = 0.0
+    for core, (total, idle) in before.items():
+        d_total = after[core][0] - total
+        if d_total > 0:
+            busy += 1.0 - (after[core][1] - idle) / d_total
+    return busy if before else None
+
+
 def cpu_threads(requested: int = 0) -> tuple[int, str]:
     """How many CPU threads PyTorch should use, and why (one line for stderr).
 
     ``requested`` > 0 is taken as it is. 0 picks the cores this process may run on minus the
-    ones other work keeps busy (the 1-minute load average), at least 1: on 2 cores with load
-    2.2, one MDR step took 46 ms on one thread and 153 ms on two, as the threads wait for each
-    other behind the other work (docs/training.md)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = cores or 1
+    ones other work keeps busy, at least 1: on 2 cores with load 2.2, one MDR step took 46 ms
+    on one thread and 153 ms on two, as the threads wait for each other behind the other work
+    (docs/training.md). Busy cores are the smaller of the 1-minute load average and a 0.2 s
+    sample of the cores' busy time: the load average lags (a job that ended a minute ago
+    still counts), the sample alone could catch a short burst."""
+    if hasattr(os, "sched_getaffinity"):
+        allowed = set(os.sched_getaffinity(0))
+    else:
+        allowed = set(range(os.cpu_count() or 1))
+    cores = len(allowed) or 1
     if requested > 0:
         return requested, f"{requested} CPU thread(s) (--threads)"
     try:
         load = os.getloadavg()[0]
     except (OSError, AttributeError):
         return cores, f"{cores} CPU thread(s): {cores} core(s), load unknown"
-    free = max(1, min(cores, cores - int(load + 0.5)))
+    now = busy_cores(allowed)
+    busy = load if now is None else min(load, now)
+    free = max(1, min(cores, cores - int(busy + 0.5)))
+    sampled = "" if now is None else f", busy now {now:.1f}"
     return free, (
-        f"{free} CPU thread(s): {cores} core(s), load {load:.1f} "
+        f"{free} CPU thread(s): {cores} core(s), load {load:.1f}{sampled} "
         "(--threads N to choose)"
     )
