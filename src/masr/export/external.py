@@ -34,18 +34,11 @@ def tensor_bytes(model: onnx.ModelProto) -> int:
     return sum(len(t.raw_data) for t in model.graph.initializer)
 
 
-# -- from the builder's arrays (``masr.export.graph.graph_and_arrays``) ------------------------
-
-
-def array_bytes(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> int:
-    """``tensor_bytes`` of the model once ``arrays`` are in it."""
-    return tensor_bytes(model) + sum(a.nbytes for a in arrays.values())
-
-
 def too_large(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> bool:
-    """Whether the model, once ``arrays`` are in it, would not fit in one protobuf
-    (``PROTO_LIMIT``, read at call time)."""
-    return array_bytes(model, arrays) + HEADROOM > PROTO_LIMIT
+    """Whether the model, once the builder's ``arrays`` are in it, would not fit in one
+    protobuf (``PROTO_LIMIT``, read at call time)."""
+    size = tensor_bytes(model) + sum(a.nbytes for a in arrays.values())
+    return size + HEADROOM > PROTO_LIMIT
 
 
 def embed(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> None:
@@ -65,12 +58,10 @@ def write_arrays(
     offset = 0
     with open(path, "wb") as fh:
         for tensor in model.graph.initializer:
-            array = arrays.pop(tensor.name, None)
-            if array is None:
+            array = arrays.get(tensor.name)
+            if array is None or array.nbytes < MIN_EXTERNAL_BYTES:
                 continue
-            if array.nbytes < MIN_EXTERNAL_BYTES:
-                tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
-                continue
+            del arrays[tensor.name]
             gap = -offset % ALIGN
             fh.write(b"\0" * gap)
             offset += gap
@@ -84,4 +75,5 @@ def write_arrays(
                 entry.key, entry.value = key, str(value)
             tensor.data_location = onnx.TensorProto.EXTERNAL
             offset += array.nbytes
+    embed(model, arrays)  # the small ones
     return offset

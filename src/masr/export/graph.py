@@ -19,7 +19,7 @@ MASS's part lives in ``mass_graph``; both write into one ``onnx_builder.Graph``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -37,28 +37,10 @@ from masr.onnx_format import CANDIDATES, INPUTS, IR_VERSION, OPSET, OUTPUTS
 #: How an unknown user enters eq. 11: the mean of the playlist's members, or not at all.
 
 
-def build_graph(
-    mdr: MDRWeights | None,
-    mass: MASSWeights | None,
-    alpha: float,
-    *,
-    n_users: int,
-    n_playlists: int,
-    n_songs: int,
-    chunk: int = EXPORT_CHUNK,
-    unknown_user: str = "members",
-    candidates: int | None = None,
-) -> onnx.ModelProto:
-    """The scoring graph (``masr.export``'s docstring) for the given parts; at least one part.
-
-    With both parts the distance is eq. 20's α o_MDR + (1-α) o_MASS; with one part, that part's.
-    ``candidates`` N (both parts needed) builds the two-stage graph instead (``two_stage``): MDR
-    proposes N songs per row, the fusion re-ranks them; N is the default of an extra input.
-    Every tensor is inside the returned model (``graph_and_arrays`` keeps them apart)."""
-    model, arrays = graph_and_arrays(
-        mdr, mass, alpha, n_users=n_users, n_playlists=n_playlists, n_songs=n_songs,
-        chunk=chunk, unknown_user=unknown_user, candidates=candidates,
-    )
+def build_graph(*args: Any, **kwargs: Any) -> onnx.ModelProto:
+    """The scoring graph (``masr.export``'s docstring), every tensor inside the returned model:
+    ``graph_and_arrays`` with the same arguments, its arrays then embedded."""
+    model, arrays = graph_and_arrays(*args, **kwargs)
     embed(model, arrays)
     return model
 
@@ -75,9 +57,14 @@ def graph_and_arrays(
     unknown_user: str = "members",
     candidates: int | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """``build_graph``'s model with its constants' initializers as shells, and their data by
-    name: ``masr.export.external`` then embeds them (``embed``) or writes them to a weights file
-    (``write_arrays``) without ever holding a second copy of the tables."""
+    """The scoring graph for the given parts (at least one), its constants' initializers as
+    shells, and their data by name: ``masr.export.external`` then embeds them (``embed``, what
+    ``build_graph`` does) or writes them to a weights file (``write_arrays``) without ever
+    holding a second copy of the tables.
+
+    With both parts the distance is eq. 20's α o_MDR + (1-α) o_MASS; with one part, that part's.
+    ``candidates`` N (both parts needed) builds the two-stage graph instead (``two_stage``): MDR
+    proposes N songs per row, the fusion re-ranks them; N is the default of an extra input."""
     if mdr is None and mass is None:
         raise ValueError("build_graph needs MDR weights, MASS weights or both")
     w_mdr = alpha if mass is not None else 1.0
