@@ -12,8 +12,9 @@ and model settings) in the same run, so their epochs compare on the same machine
 Targets (issue 3): CPU (2 cores) MDR <= 4 s/epoch, MASS <= 30 s/epoch; GPU MDR <= 0.5 s,
 MASS <= 2 s. The paper reports 173 s (MDR) and 375 s (MASS) per epoch on a GTX 1080 Ti.
 
-The data is `masr prep` of ../shared/data/aotm2011.csv.gz (or $MASR_BENCH_DATA), prepared once
-into bench-out/train-aotm/ and reused while the input is unchanged. Each measurement is one
+The data is `masr prep` of ../shared/data/aotm2011.csv.gz (or $MASR_BENCH_DATA: a raw file, or a
+folder `masr prep` wrote, used as it is), prepared once into bench-out/train-aotm/ and reused
+while the input is unchanged. Each measurement is one
 epoch of the real training loop (`masr.train.train_model`: sampling, forward, backward, lazy
 Adam), validation excluded. On CPU the process is pinned to --cores cores with as many torch
 threads (also 1 thread with --one-thread-too); an epoch still running after --max-seconds is
@@ -42,8 +43,12 @@ class _Stop(Exception):
 
 
 def prepared(source: Path) -> Path:
-    """bench-out/train-aotm, (re)made when the input file changed."""
+    """``source`` itself when it is a prepared folder; else bench-out/train-aotm, (re)made when
+    the input file changed."""
     from masr.prep import prepare
+
+    if (source / "manifest.json").is_file():
+        return source
 
     out = OUT / "train-aotm"
     stamp = f"{source.resolve()}:{source.stat().st_size}:{source.stat().st_mtime_ns}"
@@ -185,7 +190,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     source = Path(os.environ.get("MASR_BENCH_DATA", DEFAULT_DATA))
-    if not source.is_file():
+    if not source.is_file() and not (source / "manifest.json").is_file():
         print(f"bench_train: no data at {source} (set MASR_BENCH_DATA)", file=sys.stderr)
         return 2
     OUT.mkdir(exist_ok=True)

@@ -344,6 +344,29 @@ def test_training_and_sampling_on_cuda(planted: PreparedData) -> None:
     assert cpu["sampled"]["hit@10"] == pytest.approx(gpu["sampled"]["hit@10"], abs=0.03)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("loss", ["bpr", "softmax"])
+def test_the_adversarial_chain_on_cuda(planted: PreparedData, tmp_path: Path, loss: str) -> None:
+    """BPR or sampled softmax (shared mixed negatives, selection by full ranking), then APR,
+    for both model families on the GPU; what is evaluated matches the CPU's evaluation."""
+    softmax = {"neg": 64, "neg_sampler": "mixed", "select": "full", "valid_sample": 200}
+    opts = RunOptions(
+        train=TrainConfig(epochs=2, loss=loss, **(softmax if loss == "softmax" else {}), **FAST),
+        adversarial=AdversarialConfig(epochs=2),
+        model={"dim": 8},
+        device="cuda",
+    )
+    done = train_run("amasr", planted, tmp_path, opts)
+    assert [o.run for o in done] == ["mdr", "mass", "masr", "amdr", "amass", "amasr"]
+    for run in ("amdr", "amass"):
+        model, _ = load_model(tmp_path / run / "best.pt")
+        cpu = evaluate_model(model.cpu(), planted)
+        gpu = evaluate_model(model.cuda(), planted, device="cuda")
+        assert cpu["sampled"]["hit@10"] == pytest.approx(gpu["sampled"]["hit@10"], abs=0.03)
+        assert cpu["sampled"]["hit@10"] > 0.2  # chance is 10/101
+
+
 def test_resume_merge_keeps_explicit_options_and_takes_the_rest() -> None:
     """RunOptions.merged: what --resume does with the options of the interrupted run."""
     saved = RunOptions(
