@@ -19,7 +19,8 @@ TL=${TIME_LIMIT:-60}
 FULL_SAMPLE=${FULL_SAMPLE:-3000}
 DATA_SRC=${DATA_SRC:-../shared/data/aotm2011.csv.gz}
 DATA=$WORK/data
-CHAIN=$WORK/chain
+CHAIN=${CHAIN:-$WORK/chain}
+CHAIN_ARGS=${CHAIN_ARGS:-}  # e.g. "--dim 128": one change to the recipe, same budget
 SPEED_SECONDS=6
 if [ "${DRY:-0}" = 1 ]; then DEVICE=cpu TL=2 FULL_SAMPLE=300 SPEED_SECONDS=1; fi
 
@@ -33,13 +34,14 @@ print("python", platform.python_version(), "torch", torch.__version__, "polars",
 EOF
 
 stage "cuda tests (background) + prep"
-if [ "${DRY:-0}" = 1 ]; then
-  echo "dry run: no CUDA tests" >"$OUT/tests.txt"
+if [ "${DRY:-0}" = 1 ] || [ "${SKIP_TESTS:-0}" = 1 ]; then
+  echo "no CUDA tests this time" >"$OUT/tests.txt"
 else
   (timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/ >"$OUT/tests.txt" 2>&1) &
   TESTS=$!
 fi
-if [ "${DRY:-0}" = 1 ]; then timeout 120 masr prep --out "$DATA" 2>&1 | tail -2
+if [ -f "$DATA/manifest.json" ]; then echo "reusing $DATA"
+elif [ "${DRY:-0}" = 1 ]; then timeout 120 masr prep --out "$DATA" 2>&1 | tail -2
 else timeout 120 masr prep "$DATA_SRC" --out "$DATA" 2>&1 | tail -2; fi
 [ -n "${TESTS:-}" ] && wait "$TESTS"
 tail -3 "$OUT/tests.txt"
@@ -54,7 +56,7 @@ if [ "${GRID:-0}" = 1 ]; then
 fi
 
 stage "training speed: paper vs fullrank recipe, one epoch each (extrapolated past ${SPEED_SECONDS} s)"
-if [ "${DRY:-0}" != 1 ]; then
+if [ "${DRY:-0}" != 1 ] && [ "${SKIP_SPEED:-0}" != 1 ]; then
   MASR_BENCH_DATA=$DATA timeout 120 "$PY" benchmarks/bench_train.py --skip-cpu \
     --models mdr,mass --batch-sizes default --max-seconds "$SPEED_SECONDS" \
     --recipes paper,fullrank 2>&1 | tail -6
@@ -68,7 +70,7 @@ stage "amasr chain, fullrank recipe, --time-limit $TL s per run; item-kNN and po
    >>"$OUT/baselines.log" 2>&1) &
 BASE=$!
 timeout $((5 * TL + 150)) masr train --model amasr --recipe fullrank --data "$DATA" \
-  --runs "$CHAIN" --device "$DEVICE" --time-limit "$TL" >"$OUT/chain.log" 2>&1
+  --runs "$CHAIN" --device "$DEVICE" --time-limit "$TL" $CHAIN_ARGS >"$OUT/chain.log" 2>&1
 tail -14 "$OUT/chain.log"
 wait "$BASE"; tail -3 "$OUT/baselines.log"
 for run in "$CHAIN"/*/; do
