@@ -239,12 +239,16 @@ def test_patience_stops_early(planted: PreparedData) -> None:
     assert result.stopped_early and len(result.history) == 3 and result.best_epoch == 1
 
 
-def test_time_limit_stops_after_the_epoch_that_passes_it(planted: PreparedData) -> None:
+def test_time_limit_cuts_the_epoch_that_passes_it(planted: PreparedData) -> None:
     model = _dot(planted)
-    # any epoch takes more than a nanosecond: the first one ends past the limit
+    # any step takes more than a nanosecond: the first epoch stops after its first step,
+    # is validated and kept, and no second epoch starts
     config = TrainConfig(epochs=10, patience=0, time_limit=1e-9, **FAST)
     result = train_model(model, planted, config)
     assert len(result.history) == 1 and result.extra["stopped_by_time_limit"]
+    steps = -(-len(planted.train_song) // FAST["batch_size"])
+    assert result.history[0]["steps"] == f"1/{steps}" and result.best_epoch == 1
+    assert np.isfinite(result.history[0]["loss"])
     unlimited = train_model(_dot(planted), planted, TrainConfig(epochs=2, patience=0, **FAST))
     assert len(unlimited.history) == 2 and not unlimited.extra["stopped_by_time_limit"]
 

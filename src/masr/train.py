@@ -381,6 +381,9 @@ def train_model(
     scales: dict[str, Tensor] = {}
     stopped_early = config.patience > 0 and bad_epochs >= config.patience
     out_of_time = False
+    # one process checks --time-limit at every step; ranks under torchrun only at epoch ends
+    # (they must all run the same steps)
+    limit, cut_in_epoch = config.time_limit, bool(config.time_limit) and not ranks.distributed
     progress.start(title or model.name, config.epochs, steps, first_epoch)
     try:
         for epoch in range(first_epoch, config.epochs + 1):
@@ -395,7 +398,12 @@ def train_model(
             if model.uses_members and config.sort_window > 1:
                 order = _sortish(order, row_lengths, config, generator)
             total = torch.zeros((), device=device)
+            done = steps  # steps of this epoch actually run (fewer when the time limit cuts it)
             for step in range(steps):
+                if cut_in_epoch and step and elapsed + time.perf_counter() - t0 >= limit:
+                    done, out_of_time = step, True  # --time-limit ends mid-epoch too
+                    progress.step(step, float(total) / step)
+                    break
                 rows = order[step * config.batch_size : (step + 1) * config.batch_size]  # (B,)
                 batch = training_batch(
                     index,
@@ -432,7 +440,7 @@ def train_model(
                 if (step + 1) % 25 == 0 or step + 1 == steps:
                     progress.step(step + 1, float(total) / (step + 1))
             train_seconds = time.perf_counter() - t0
-            mean_loss = sum_over_ranks(float(total) / steps) / ranks.size
+            mean_loss = sum_over_ranks(float(total) / done) / ranks.size
             if not math.isfinite(mean_loss):
                 raise MasrError(
                     f"training diverged at epoch {epoch} (loss {mean_loss}); try a smaller --lr"
@@ -460,6 +468,8 @@ def train_model(
                 "train_seconds": round(train_seconds, 3),
                 "valid_seconds": round(time.perf_counter() - t1, 3),
             }
+            if done < steps:
+                record["steps"] = f"{done}/{steps}"  # the epoch the time limit cut
             elapsed += time.perf_counter() - t0
             selected = both[config.select]  # what picks the best epoch and what patience watches
             improved = best_epoch == 0 or better(selected, best_selected)
@@ -507,7 +517,7 @@ def train_model(
             if on_epoch is not None:
                 on_epoch(record)
             stopped_early = config.patience > 0 and bad_epochs >= config.patience
-            if config.time_limit and elapsed >= config.time_limit and epoch < config.epochs:
+            if out_of_time or (limit and elapsed >= limit and epoch < config.epochs):
                 stopped_early = out_of_time = True
     finally:
         progress.finish()
