@@ -19,6 +19,8 @@ from rich.table import Table
 
 from masr.config import (
     ALPHA,
+    BASELINE_RECIPE,
+    CPU_RECIPES,
     DEFAULT_RECIPE,
     ENTITIES,
     LOSSES,
@@ -50,11 +52,13 @@ Select = choices("Select", SELECTIONS)
 Recipe = choices("Recipe", tuple(RECIPES))
 
 
-def _recipe_text(name: str) -> str:
-    """``--loss softmax --neg 1024 ...``: what recipe ``name`` sets, as options."""
-    values = {**RECIPES[name].get("train", {}), **RECIPES[name].get("adversarial", {})}
+def _recipe_text(name: str, cpu: bool = False) -> str:
+    """``--loss softmax --neg 1024 ...``: what recipe ``name`` sets, as options (``cpu``: only
+    what it sets otherwise on a CPU)."""
+    recipe = CPU_RECIPES.get(name, {}) if cpu else RECIPES[name]
+    values = {**recipe.get("train", {}), **recipe.get("adversarial", {})}
     text = [f"--{k.replace('_', '-')} {v}" for k, v in values.items()]
-    text += [f"--set {k}={v}" for k, v in RECIPES[name].get("model", {}).items()]
+    text += [f"--set {k}={v}" for k, v in recipe.get("model", {}).items()]
     return " ".join(text)
 
 
@@ -101,14 +105,17 @@ def command(
         ),
     ] = _T.reg,
     recipe: Annotated[
-        Recipe,
+        Recipe | None,
         typer.Option(
             help="Defaults for the options below that are not given on the command line. "
             "paper: the paper's recipe (BPR of eq. 21 against the closest of 4 uniform "
             "negatives, epochs chosen by the sampled protocol). fullrank: trained for "
-            f"whole-catalog ranking ({_recipe_text('fullrank')}). See docs/training.md.",
+            f"whole-catalog ranking, what `masr score` does ({_recipe_text('fullrank')}; "
+            f"on a CPU {_recipe_text('fullrank', cpu=True)}). Default: {DEFAULT_RECIPE} for "
+            f"masr's own models, {BASELINE_RECIPE} for the baselines. See docs/training.md.",
+            show_default=False,
         ),
-    ] = Recipe(DEFAULT_RECIPE),
+    ] = None,
     loss: Annotated[
         Loss,
         typer.Option(
@@ -285,7 +292,11 @@ def command(
 
         options.model.update(parse_settings([run_spec(r).model for r in plan(name)], set_))
     explicit = {p for p in OPTION_PATHS if _given(ctx, p)}
-    options = options.with_recipe(recipe.value, explicit)
+    from masr.runs import default_recipe
+    from masr.train import resolve_device
+
+    recipe_name = recipe.value if recipe is not None else default_recipe(name)
+    options = options.with_recipe(recipe_name, explicit, resolve_device(options.device).type)
     if resume:
         saved = saved_options(runs, name)
         if saved is not None:

@@ -222,8 +222,10 @@ def test_recipe_paper_is_the_old_default(tmp_path: Path) -> None:
     from conftest import write_planted
 
     data = write_planted(tmp_path / "data")
+    # every option the default recipe (fullrank) sets, given at the paper's values
     old_flags = ["--loss", "bpr", "--neg", "4", "--neg-mode", "hardest", "--neg-sampler",
-                 "uniform", "--select", "sampled"]
+                 "uniform", "--select", "sampled", "--temperature", str(t.temperature),
+                 "--valid-sample", str(t.valid_sample), "--set", "dropout=0.2"]
     histories = []
     for name, extra in (("recipe", ["--recipe", "paper"]), ("flags", old_flags)):
         runs = tmp_path / name
@@ -233,6 +235,31 @@ def test_recipe_paper_is_the_old_default(tmp_path: Path) -> None:
         histories.append(([h["loss"] for h in info["history"]], info["train_config"],
                           info["model_config"]))
     assert histories[0] == histories[1]
+
+
+def test_default_recipe_is_fullrank_for_masr_models_and_sized_for_the_device(
+    tmp_path: Path,
+) -> None:
+    from masr.runs import default_recipe
+
+    names = ("amasr", "mdr", "mass_ps", "fism", "itemknn")
+    assert [default_recipe(r) for r in names] == ["fullrank"] * 3 + ["paper"] * 2
+    gpu = RunOptions().with_recipe("fullrank", set(), "cuda")
+    cpu = RunOptions().with_recipe("fullrank", set(), "cpu")
+    assert (gpu.train.neg, cpu.train.neg) == (1024, 128) and cpu.train.loss == "softmax"
+    given = RunOptions(train=TrainConfig(neg=512)).with_recipe("fullrank", {"neg"}, "cpu")
+    assert given.train.neg == 512
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    for model in ("mdr", "fism"):  # no --recipe
+        _train(["--model", model, "--data", str(data), "--runs", str(tmp_path / "r"), *FAST,
+                "--epochs", "1", "--device", "cpu"])
+    mdr = json.loads((tmp_path / "r" / "mdr" / "run.json").read_text())
+    fism = json.loads((tmp_path / "r" / "fism" / "run.json").read_text())
+    assert mdr["options"]["recipe"] == "fullrank" and mdr["train_config"]["neg"] == 128
+    assert mdr["train_config"]["loss"] == "softmax" and mdr["model_config"]["dropout"] == 0.0
+    assert fism["options"]["recipe"] == "paper" and fism["train_config"]["loss"] == "bpr"
 
 
 def test_recipe_fills_only_what_is_not_given() -> None:

@@ -2,7 +2,15 @@
 runs (``make``). Torch-free to import; see docs/design.md for the layout of ``runs/<run>/``."""
 
 from masr.runs.make import RunOutcome, train_run
-from masr.runs.registry import RUNS, RunSpec, model_config, plan, run_spec, signature
+from masr.runs.registry import (
+    RUNS,
+    RunSpec,
+    default_recipe,
+    model_config,
+    plan,
+    run_spec,
+    signature,
+)
 from masr.runs.store import available_runs, load_run, read_run_json, saved_options
 
 __all__ = [
@@ -10,6 +18,7 @@ __all__ = [
     "RunOutcome",
     "RunSpec",
     "available_runs",
+    "default_recipe",
     "load_run",
     "model_config",
     "plan",

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from masr.config import RunOptions
+from masr.config import BASELINE_RECIPE, DEFAULT_RECIPE, RunOptions
 from masr.errors import MasrError
 
 
@@ -215,6 +215,12 @@ TABLE3 = (
     ("mass_ps", "MASS_ps"),
     ("mass_ups", "MASS_ups"),
 )
+
+
+def default_recipe(name: str) -> str:
+    """The recipe ``masr train --model name`` uses when --recipe is not given: masr's own
+    models (``OURS``, ``ABLATIONS``) take ``DEFAULT_RECIPE``, the baselines their own defaults."""
+    return DEFAULT_RECIPE if name in dict(OURS + ABLATIONS) else BASELINE_RECIPE
 
 
 def run_order(names: Sequence[str]) -> list[str]:
