@@ -74,15 +74,17 @@ def one_epoch(
     """Seconds of one training epoch (validation excluded)."""
     import torch
 
-    from masr.config import RECIPES, TrainConfig
+    from masr.config import RunOptions, TrainConfig
     from masr.models import model_class
     from masr.train import TrainProgress, train_model
 
     torch.manual_seed(0)
     cls = model_class(model_name)
     fields = cls.config_class.__dataclass_fields__
+    # the recipe's values as `masr train --recipe` gives them on this device
+    options = RunOptions().with_recipe(recipe, set(), device)
     settings = {
-        **{k: v for k, v in RECIPES[recipe].get("model", {}).items() if k in fields},
+        **{k: v for k, v in options.model.items() if k in fields and v is not None},
         **(settings or {}),
     }
     model = cls(cls.config_class(**settings), data.n_users, data.n_playlists, data.n_songs)
@@ -105,8 +107,7 @@ def one_epoch(
 
     clock = Clock()
     config = TrainConfig(
-        **{**RECIPES[recipe].get("train", {}), "epochs": 1, "batch_size": batch_size,
-           "sparse": sparse}
+        **{**options.train.to_dict(), "epochs": 1, "batch_size": batch_size, "sparse": sparse}
     )
     try:
         result = train_model(model, data, config, device=device, progress=clock)

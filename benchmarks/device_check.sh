@@ -58,7 +58,7 @@ if [ -n "$DATA_SRC" ]; then
 fi
 
 stage "train: chain parts and baselines side by side, --time-limit $TL s per run"
-common=(--data "$DATA" --runs "$RUNS" --device "$DEVICE" --time-limit "$TL" --threads 2)
+common=(--recipe paper --data "$DATA" --runs "$RUNS" --device "$DEVICE" --time-limit "$TL" --threads 2)
 hard=$((2 * TL + 150))
 timeout $hard masr train --model amdr "${common[@]}" >"$OUT/train_amdr.log" 2>&1 &
 pids=($!)

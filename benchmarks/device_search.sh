@@ -25,7 +25,7 @@ for lr in $LRS; do
   runs=$WORK/runs_b${BATCH}_lr$lr
   stage "chain: batch $BATCH, lr $lr, --time-limit $TL s per run"
   timeout $((5 * TL + 120)) masr train --model amasr --data "$DATA" --runs "$runs" \
-    --device "$DEVICE" --batch-size "$BATCH" --lr "$lr" --time-limit "$TL" \
+    --recipe paper --device "$DEVICE" --batch-size "$BATCH" --lr "$lr" --time-limit "$TL" \
     >"$OUT/chain_lr$lr.log" 2>&1
   tail -12 "$OUT/chain_lr$lr.log"
   mkdir -p "$OUT/lr$lr"

@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
             runs = OUT / "search" / model / name.replace(" ", "_").replace(",", "")
             start = time.perf_counter()
             masr("train", "--model", model, "--data", str(data), "--runs", str(runs),
-                 "--device", "cpu", "--threads", args.threads, *extra)
+                 "--device", "cpu", "--threads", args.threads, "--recipe", "paper", *extra)
             wall = time.perf_counter() - start
             info = json.loads((runs / model / "run.json").read_text())
             valid = info["best"]["valid"]
