@@ -73,6 +73,22 @@ class FISM(Recommender):
         score = self.song_bias(songs).squeeze(-1) + self._normalise(count) * total
         return -score
 
+    def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
+        """``distance`` to songs (N,) shared by the batch in GEMM form: (Σ_m p_m)·q_s for every
+        pair, minus each member candidate's own p_s·q_s (sampled softmax's negatives)."""
+        mask = batch.member_mask.float()  # (B, L)
+        p = self.member_emb(batch.members) * mask.unsqueeze(-1)  # (B, L, d), padding zeroed
+        q = self.target_emb(songs)  # (N, d)
+        total = p.sum(1) @ q.t()  # (B, N)
+        is_target = (
+            (batch.members.unsqueeze(1) == songs.view(1, -1, 1)) & batch.member_mask.unsqueeze(1)
+        ).float()  # (B, N, L)
+        own = (p * self.target_emb(batch.members)).sum(-1)  # (B, L) p_m . q_m
+        own_total = (is_target @ own.unsqueeze(-1)).squeeze(-1)  # (B, N)
+        count = mask.sum(1, keepdim=True) - is_target.sum(-1)  # (B, N) |M \ {s}|
+        score = self.song_bias(songs).view(1, -1) + self._normalise(count) * (total - own_total)
+        return -score
+
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         mask = batch.member_mask.float()  # (B, L)
         b, v = mask.shape[0], self.n_songs
