@@ -72,6 +72,17 @@ class CML(Recommender):
         y = self.song_emb(songs)  # (B, C, d)
         return (x.unsqueeze(1) - y).pow(2).sum(-1)  # (B, C) |x_e - y_s|^2
 
+    def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
+        """``distance`` to songs (N,) shared by the batch in GEMM form (each song looked up
+        once; the rows it touches are clipped after the step, as in ``distance``)."""
+        entities = entity_index(self.config.entity, batch)  # (B,)
+        if self.training:
+            self._touched.append((entities.detach(), songs.detach()))
+        x = self.entity_emb(entities)  # (B, d)
+        y = self.song_emb(songs)  # (N, d)
+        d2 = (x * x).sum(1, keepdim=True) - 2.0 * (x @ y.t()) + (y * y).sum(1)  # (B, N)
+        return d2.clamp_min(0.0)
+
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         x = self.entity_emb(entity_index(self.config.entity, batch))  # (B, d)
         y = self.song_emb.weight  # (V, d)

@@ -61,6 +61,15 @@ class MFBPR(Recommender):
             score = score + self.song_bias(songs).squeeze(-1)
         return -score
 
+    def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
+        """``distance`` to songs (N,) shared by the batch, as one GEMM: each song's row is
+        looked up once, so its sparse gradient has N rows, not B·N."""
+        x = self.entity_emb(entity_index(self.config.entity, batch))  # (B, d)
+        score = x @ self.song_emb(songs).t()  # (B, N)
+        if self.song_bias is not None:
+            score = score + self.song_bias(songs).view(1, -1)
+        return -score
+
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         x = self.entity_emb(entity_index(self.config.entity, batch))  # (B, d)
         score = x @ self.song_emb.weight.t()  # (B, V)
