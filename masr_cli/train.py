@@ -172,8 +172,9 @@ def command(
     time_limit: Annotated[
         float,
         typer.Option(
-            help="Seconds of training per run (each of mdr, mass, amdr, amass): stop after the "
-            "epoch that passes it; 0 = no limit. Gives every model the same budget.",
+            help="Seconds of training and validation per run (each of mdr, mass, amdr, "
+            "amass): the step that passes it ends the epoch, which is validated and kept, and "
+            "the run; 0 = no limit. Gives every model the same budget.",
         ),
     ] = _T.time_limit,
     sparse: Annotated[

@@ -115,8 +115,9 @@ class TrainConfig:
     valid_sample: int = 500
     max_members: int = 50  # MASS member list cap (uniform sample when longer)
     patience: int = 5  # stop after this many epochs without a better validation; 0 = never
-    #: stop after the first epoch that ends past this many seconds of training and validation
-    #: (a fixed budget per run, e.g. for equal-budget comparisons); 0 = no limit
+    #: seconds of training and validation per run: the step that passes it ends the epoch
+    #: (validated, kept) and the run (torchrun: the epoch that passes it); a fixed budget per
+    #: run, e.g. for equal-budget comparisons; 0 = no limit
     time_limit: float = 0.0
     seed: int = 0
     sparse: bool = True  # row-sparse gradients + lazy Adam for embedding tables
