@@ -399,8 +399,10 @@ def train_model(
                 order = _sortish(order, row_lengths, config, generator)
             total = torch.zeros((), device=device)
             done = steps  # steps of this epoch actually run (fewer when the time limit cuts it)
+            # keep room for this epoch's validation: as long as the last one took
+            reserve = history[-1].get("valid_seconds", 0.0) if history else 0.0
             for step in range(steps):
-                if cut_in_epoch and step and elapsed + time.perf_counter() - t0 >= limit:
+                if cut_in_epoch and step and elapsed + time.perf_counter() - t0 + reserve >= limit:
                     done, out_of_time = step, True  # --time-limit ends mid-epoch too
                     progress.step(step, float(total) / step)
                     break
@@ -517,7 +519,9 @@ def train_model(
             if on_epoch is not None:
                 on_epoch(record)
             stopped_early = config.patience > 0 and bad_epochs >= config.patience
-            if out_of_time or (limit and elapsed >= limit and epoch < config.epochs):
+            # no room left for another epoch's training beside its validation: stop here
+            no_room = limit and elapsed + record["valid_seconds"] >= limit
+            if out_of_time or (no_room and epoch < config.epochs):
                 stopped_early = out_of_time = True
     finally:
         progress.finish()
