@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+
+# compiling costs seconds per process and shape: tests train eagerly unless one asks
+os.environ.setdefault("MASR_COMPILE", "0")
 
 from masr.dataset import FORMAT_VERSION, PreparedData, fingerprint_of, load_prepared
 

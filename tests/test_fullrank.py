@@ -306,3 +306,48 @@ def test_shared_and_full_distance_equal_distance_for_every_run_and_variant(
             every = model.distance(batch, torch.arange(planted.n_songs).expand(len(playlists), -1))
         assert torch.allclose(shared, plain, atol=1e-5), (run, overrides)
         assert torch.allclose(full, every, atol=1e-5), (run, overrides)
+
+
+def test_compiled_mass_training_matches_eager(
+    planted: PreparedData, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`compile=True` (masr train's default on a CPU): the same losses as eager up to float
+    rounding, and the model is eager again afterwards (evaluation, export)."""
+    import shutil
+
+    from masr.models.mass import MASS, MASSConfig
+    from masr.train import train_model
+
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler for torch.compile on CPU")
+    monkeypatch.setenv("MASR_COMPILE", "1")
+    config = TrainConfig(epochs=1, loss="softmax", neg=32, neg_sampler="mixed", batch_size=64,
+                         lr=0.02, temperature=0.1)
+    losses = []
+    for compile_ in (False, True):
+        torch.manual_seed(0)
+        model = MASS(MASSConfig(dim=8, dropout=0.0), planted.n_users, planted.n_playlists,
+                     planted.n_songs)
+        result = train_model(model, planted, config, compile=compile_)
+        losses.append(result.history[0]["loss"])
+        assert model._compiled_scores is None
+    assert "torch.compile of" not in capsys.readouterr().err  # it compiled, no fallback
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+
+
+def test_a_failing_compile_trains_on_eagerly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from masr.compiled import Compiled
+
+    def broken(fn, **_kw):  # what torch.compile does without a working compiler, lazily
+        def run(*args):
+            raise RuntimeError("InductorError: no C++ compiler found\nmore")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    twice = Compiled(lambda x: 2 * x, "a test")
+    assert twice(3) == 6 and twice.failed and twice(4) == 8
+    err = capsys.readouterr().err
+    assert err.count("torch.compile of a test failed") == 1 and "no C++ compiler" in err

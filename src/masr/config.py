@@ -258,6 +258,9 @@ class RunOptions:
     alpha: float = ALPHA  # eq. 20's weight of MDR in the fusion
     device: str = "auto"
     recipe: str = "paper"  # the recipe the values came from (RECIPES), for the record
+    #: torch.compile the training forward pass on a CPU where a model has one (MASS); not part
+    #: of a run's signature: the same computation up to float rounding
+    compile: bool = True
 
     def __post_init__(self) -> None:
         self.alpha = check_alpha(self.alpha)
@@ -304,6 +307,7 @@ class RunOptions:
             alpha=float(values.get("alpha", ALPHA)),
             device=str(values.get("device", "auto")),
             recipe=str(values.get("recipe", "paper")),
+            compile=bool(values.get("compile", True)),
         )
 
     def merged(self, saved: RunOptions, explicit: set[str]) -> RunOptions:

@@ -320,12 +320,16 @@ def train_model(
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
     extras: dict[str, Any] | None = None,
     title: str | None = None,
+    compile: bool = False,
 ) -> TrainResult:
     """Train ``model`` in place with BPR (or APR when ``adversarial`` is given).
 
     ``run_dir`` receives ``best.pt`` (the best validation epoch) and ``last.pt`` (every epoch,
     with optimiser and RNG state); ``resume`` is a loaded ``last.pt`` to continue from;
-    ``extras`` is stored in both checkpoints. The model ends holding its best weights."""
+    ``extras`` is stored in both checkpoints. ``compile``: on a CPU, the model's training
+    forward pass through ``torch.compile`` where it has one (``Recommender.compile_training``;
+    the same computation up to float rounding; off with $MASR_COMPILE=0). The model ends
+    holding its best weights."""
     if not model.trainable:
         raise MasrError(f"--model {model.name}: not trained by gradient descent (it has fit())")
     device = torch.device(device)
@@ -340,6 +344,10 @@ def train_model(
     index = TrainingIndex.from_data(data, device)
     model.to(device)
     sparse_before = _set_sparse(model, config.sparse)
+    from masr.compiled import compile_allowed
+
+    compiled = compile and device.type == "cpu" and compile_allowed()
+    compiled = compiled and model.compile_training(True)
     # eq. 21 per batch: sum of the batch's losses + lambda * ||theta||^2; the loop minimises
     # the batch *mean*, so the L2 gradient 2 * lambda * theta is divided by the batch size
     # (Adam's coupled weight decay, as the reference's weight_decay with its summed loss).
@@ -527,6 +535,8 @@ def train_model(
         progress.finish()
         for module, flag in sparse_before.items():
             module.sparse = flag
+        if compiled:
+            model.compile_training(False)
 
     # leave the model holding its best weights (rank 0 wrote them: wait for it)
     barrier()

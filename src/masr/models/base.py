@@ -117,6 +117,11 @@ class Recommender(nn.Module):
     def after_step(self) -> None:
         """Called after every optimiser step (CML clips norms here). Default: nothing."""
 
+    def compile_training(self, on: bool) -> bool:
+        """Switch the training forward pass to a ``torch.compile``d one (``masr.compiled``),
+        or back; True where the model has one (MASS's shared-negative scores). Default: none."""
+        return False
+
     def embedding_tables(self) -> set[str]:
         """Parameter names perturbed per row in APR (eq. 24); the rest are perturbed per tensor."""
         return {

@@ -60,6 +60,7 @@ nn.Linear init.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -150,6 +151,7 @@ class MASS(Recommender):
 
     def __init__(self, config: MASSConfig, n_users: int, n_playlists: int, n_songs: int):
         super().__init__(config, n_users, n_playlists, n_songs)
+        self._compiled_scores: Any = None  # compile_training(True): a masr.compiled.Compiled
         d = config.dim
         has_u, has_p = config.context != "playlist", config.context != "user"
         n_ctx = int(has_u) + int(has_p)  # context vectors in the query input [c; s_k]
@@ -366,10 +368,17 @@ class MASS(Recommender):
             self._att_context(batch.users, batch.playlists),
         )
         s_att = self._att_songs()(songs) if self.att_query is not None else None
-        scores = self._grouped_scores(
+        grouped = self._compiled_scores if self.training and self._compiled_scores else None
+        scores = (grouped or self._grouped_scores)(
             side, a_out, a_att, self.song_emb(songs), s_att, self.song_bias(songs)
         )  # (B, N, 1)
         return scores.squeeze(-1)
+
+    def compile_training(self, on: bool) -> bool:
+        from masr.compiled import Compiled
+
+        self._compiled_scores = Compiled(self._grouped_scores, "MASS scores") if on else None
+        return True
 
     def _member_side(self, members: Tensor, member_mask: Tensor) -> dict[str, Tensor]:
         """The member-song halves of eqs. 14-15 and 17, for (G, R, L) member slots: what does

@@ -232,6 +232,7 @@ def _build(
         on_epoch=on_epoch,
         extras={"run": run},
         title=run,
+        compile=options.compile,
     )
     info.update(
         status="finished",
