@@ -70,8 +70,10 @@ def one_epoch(
     sparse: bool = True,
     settings: dict | None = None,
     recipe: str = "paper",
+    compile: bool = False,
 ) -> dict:
-    """Seconds of one training epoch (validation excluded)."""
+    """Seconds of one training epoch (validation excluded); ``compile`` as `masr train
+    --compile` (CPU: MASS's scores compiled, the compiling inside the timed epoch)."""
     import torch
 
     from masr.config import RunOptions, TrainConfig
@@ -110,7 +112,9 @@ def one_epoch(
         **{**options.train.to_dict(), "epochs": 1, "batch_size": batch_size, "sparse": sparse}
     )
     try:
-        result = train_model(model, data, config, device=device, progress=clock)
+        result = train_model(
+            model, data, config, device=device, progress=clock, compile=compile
+        )
         seconds, extrapolated = result.history[0]["train_seconds"], False
     except _Stop:
         if device == "cuda":
@@ -172,6 +176,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--skip-cpu", action="store_true")
     parser.add_argument("--one-thread-too", action="store_true", help="CPU: also 1 thread")
     parser.add_argument(
+        "--compile", action="store_true", help="as masr train's default: MASS's scores compiled"
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -228,7 +235,11 @@ def main(argv: list[str]) -> int:
             ]
             for bs, sparse, recipe in runs:
                 settings = parse_settings([model], args.set)
-                r = one_epoch(model, data, device, bs, args.max_seconds, sparse, settings, recipe)
+                r = one_epoch(
+                    model, data, device, bs, args.max_seconds, sparse, settings, recipe,
+                    args.compile,
+                )
+                r["compile"] = args.compile
                 results.append(r)
                 mark = " (extrapolated)" if r["extrapolated"] else ""
                 print(
