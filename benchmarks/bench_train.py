@@ -124,6 +124,7 @@ def one_epoch(
     return {
         "model": model_name,
         "recipe": recipe,
+        "compile": compile,
         "train": {k: v for k, v in config.to_dict().items() if k in ("loss", "neg", "neg_sampler")},
         "device": device,
         "batch_size": batch_size,
@@ -239,7 +240,6 @@ def main(argv: list[str]) -> int:
                     model, data, device, bs, args.max_seconds, sparse, settings, recipe,
                     args.compile,
                 )
-                r["compile"] = args.compile
                 results.append(r)
                 mark = " (extrapolated)" if r["extrapolated"] else ""
                 print(

@@ -44,7 +44,8 @@ class Compiled:
             return self._compiled(*args)
         except Exception as err:  # no compiler, unsupported op...: eager, once said
             self.failed = True
-            first = str(err).strip().splitlines()[0][:160] if str(err).strip() else ""
+            text = str(err).strip()
+            first = text.splitlines()[0][:160] if text else ""
             print(
                 f"masr: torch.compile of {self.what} failed ({type(err).__name__}: {first}); "
                 f"training on without it (set {ENV}=0 to skip the attempt)",

@@ -58,6 +58,11 @@ class FittedBuffers:
         super()._load_from_state_dict(state_dict, prefix, *args)  # type: ignore[misc]
 
 
+def sq_dist(x: Tensor, y: Tensor) -> Tensor:
+    """(B, V) |x - y|^2 = |x|^2 - 2 x.y + |y|^2 as one GEMM, rounding clamped at 0."""
+    return ((x * x).sum(1, keepdim=True) - 2.0 * (x @ y.t()) + (y * y).sum(1)).clamp_min(0.0)
+
+
 def sparse_coo(indices: Tensor, values: Tensor, shape: tuple[int, ...]) -> Tensor:
     """COO tensor from indices we built ourselves (in range by construction: no checks)."""
     return torch.sparse_coo_tensor(indices, values, shape, check_invariants=False)

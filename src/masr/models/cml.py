@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from masr.errors import MasrError
-from masr.models._baseline import Entity, check_entity, entity_count, entity_index
+from masr.models._baseline import Entity, check_entity, entity_count, entity_index, sq_dist
 from masr.models.base import Batch, ModelConfig, Recommender
 
 
@@ -78,17 +78,11 @@ class CML(Recommender):
         entities = entity_index(self.config.entity, batch)  # (B,)
         if self.training:
             self._touched.append((entities.detach(), songs.detach()))
-        x = self.entity_emb(entities)  # (B, d)
-        y = self.song_emb(songs)  # (N, d)
-        d2 = (x * x).sum(1, keepdim=True) - 2.0 * (x @ y.t()) + (y * y).sum(1)  # (B, N)
-        return d2.clamp_min(0.0)
+        return sq_dist(self.entity_emb(entities), self.song_emb(songs))  # (B, N)
 
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         x = self.entity_emb(entity_index(self.config.entity, batch))  # (B, d)
-        y = self.song_emb.weight  # (V, d)
-        # |x - y|^2 = |x|^2 - 2 x.y + |y|^2, as one GEMM; clamp the rounding below zero
-        d2 = (x * x).sum(1, keepdim=True) - 2.0 * (x @ y.t()) + (y * y).sum(1)  # (B, V)
-        return d2.clamp_min(0.0)
+        return sq_dist(x, self.song_emb.weight)  # (B, V)
 
     @torch.no_grad()
     def _clip_rows(self, weight: Tensor, rows: Tensor | None) -> None:

@@ -368,8 +368,8 @@ class MASS(Recommender):
             self._att_context(batch.users, batch.playlists),
         )
         s_att = self._att_songs()(songs) if self.att_query is not None else None
-        grouped = self._compiled_scores if self.training and self._compiled_scores else None
-        scores = (grouped or self._grouped_scores)(
+        compiled = self._compiled_scores if self.training else None
+        scores = (compiled or self._grouped_scores)(
             side, a_out, a_att, self.song_emb(songs), s_att, self.song_bias(songs)
         )  # (B, N, 1)
         return scores.squeeze(-1)

@@ -64,15 +64,16 @@ class MFBPR(Recommender):
     def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
         """``distance`` to songs (N,) shared by the batch, as one GEMM: each song's row is
         looked up once, so its sparse gradient has N rows, not B·N."""
-        x = self.entity_emb(entity_index(self.config.entity, batch))  # (B, d)
-        score = x @ self.song_emb(songs).t()  # (B, N)
-        if self.song_bias is not None:
-            score = score + self.song_bias(songs).view(1, -1)
-        return -score
+        bias = self.song_bias(songs) if self.song_bias is not None else None
+        return self._gemm_distance(batch, self.song_emb(songs), bias)  # (B, N)
 
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
-        x = self.entity_emb(entity_index(self.config.entity, batch))  # (B, d)
-        score = x @ self.song_emb.weight.t()  # (B, V)
-        if self.song_bias is not None:
-            score = score + self.song_bias.weight.t()  # (1, V) broadcast
+        bias = self.song_bias.weight if self.song_bias is not None else None
+        return self._gemm_distance(batch, self.song_emb.weight, bias)  # (B, V)
+
+    def _gemm_distance(self, batch: Batch, y: Tensor, bias: Tensor | None) -> Tensor:
+        """-(x_e . y_s + b_s) for every row and every song of ``y`` (S, d), ``bias`` (S, 1)."""
+        score = self.entity_emb(entity_index(self.config.entity, batch)) @ y.t()  # (B, S)
+        if bias is not None:
+            score = score + bias.t()  # (1, S) broadcast
         return -score

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from masr.errors import MasrError
-from masr.models._baseline import Entity, check_entity, entity_count, entity_index
+from masr.models._baseline import Entity, check_entity, entity_count, entity_index, sq_dist
 from masr.models.base import Batch, ModelConfig, Recommender
 
 
@@ -83,10 +83,5 @@ class PRME(Recommender):
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         x_e, x_prev, has_prev = self._context(batch)
         return self._mix(
-            _sq_dist(x_e, self.song_pref.weight), _sq_dist(x_prev, self.song_seq.weight), has_prev
+            sq_dist(x_e, self.song_pref.weight), sq_dist(x_prev, self.song_seq.weight), has_prev
         )
-
-
-def _sq_dist(x: Tensor, y: Tensor) -> Tensor:
-    """(B, V) |x - y|^2 = |x|^2 - 2 x.y + |y|^2 as one GEMM, rounding clamped at 0."""
-    return ((x * x).sum(1, keepdim=True) - 2.0 * (x @ y.t()) + (y * y).sum(1)).clamp_min(0.0)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from masr.errors import MasrError
-from masr.models._baseline import Entity, check_entity, entity_count, entity_index
+from masr.models._baseline import Entity, check_entity, entity_count, entity_index, sq_dist
 from masr.models.base import Batch, ModelConfig, Recommender
 
 
@@ -79,8 +79,7 @@ class TransRec(Recommender):
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         x = self._query(batch)  # (B, d)
         y = self.song_emb.weight[: self.n_songs]  # (V, d)
-        d2 = (x * x).sum(1, keepdim=True) - 2.0 * (x @ y.t()) + (y * y).sum(1)  # (B, V)
-        return d2.clamp_min(0.0) - self.song_bias.weight.t()
+        return sq_dist(x, y) - self.song_bias.weight.t()  # (B, V)
 
     @torch.no_grad()
     def after_step(self) -> None:
