@@ -8,7 +8,8 @@
 #      fixed beforehand on validation, docs/training.md).
 # GRID=1 also runs search_fullrank.py's "gpu" grid on validation before the chain (longer).
 # SKIP_TESTS=1 / SKIP_SPEED=1 leave out stages 1 / 2; CHAIN_ARGS adds options to the chain
-# ("--dim 128"). The next pass on an H100: SKIP_TESTS=1 SKIP_SPEED=1 TIME_LIMIT=130 (about
+# ("--dim 128"); PARALLEL=1 trains MDR beside MASS and AMDR beside AMASS. The next pass
+# on an H100: SKIP_TESTS=1 SKIP_SPEED=1 TIME_LIMIT=130 (about
 # 9 minutes in all: MDR stops itself; MASS, AMDR, AMASS run about 10, 15 and 5 epochs, which
 # the 60 s pass showed AMDR and AMASS still need).
 #
@@ -73,8 +74,20 @@ stage "amasr chain, fullrank recipe, --time-limit $TL s per run; item-kNN and po
  timeout 60 masr train --model pop --data "$DATA" --runs "$CHAIN" --device cpu \
    >>"$OUT/baselines.log" 2>&1) &
 BASE=$!
-timeout $((5 * TL + 150)) masr train --model amasr --recipe fullrank --data "$DATA" \
-  --runs "$CHAIN" --device "$DEVICE" --time-limit "$TL" $CHAIN_ARGS >"$OUT/chain.log" 2>&1
+CHAIN_OPTS=(--recipe fullrank --data "$DATA" --runs "$CHAIN" --device "$DEVICE" --time-limit "$TL")
+if [ "${PARALLEL:-0}" = 1 ]; then
+  # MDR beside MASS, then AMDR beside AMASS, on the one GPU (each pair shares it), then the
+  # fusions, which retrain nothing: the same runs as one `masr train --model amasr`, in less
+  # wall time, so that a run can go on to early stopping within one device call
+  for pair in "mdr mass" "amdr amass"; do
+    set -- $pair
+    timeout $((TL + 150)) masr train --model "$1" "${CHAIN_OPTS[@]}" $CHAIN_ARGS >"$OUT/chain_$1.log" 2>&1 &
+    timeout $((TL + 150)) masr train --model "$2" "${CHAIN_OPTS[@]}" $CHAIN_ARGS >"$OUT/chain_$2.log" 2>&1
+    wait $!
+    tail -n 4 "$OUT/chain_$1.log" "$OUT/chain_$2.log"
+  done
+fi
+timeout $((5 * TL + 150)) masr train --model amasr "${CHAIN_OPTS[@]}" $CHAIN_ARGS >"$OUT/chain.log" 2>&1
 tail -14 "$OUT/chain.log"
 wait "$BASE"; tail -3 "$OUT/baselines.log"
 for run in "$CHAIN"/*/; do
