@@ -308,6 +308,79 @@ def test_shared_and_full_distance_equal_distance_for_every_run_and_variant(
         assert torch.allclose(full, every, atol=1e-5), (run, overrides)
 
 
+def _plain_pool(q_att, att_w2, att_norm, q, out_w, out_norm, n_rows):  # noqa: ANN001, ANN202
+    """The slow, obvious eqs. 14-18: per group, row, candidate and member slot, in loops."""
+    n_groups, n, _ = q.shape
+    n_slots = att_w2.shape[-1] // n_rows
+    out = torch.zeros(n_groups, n, n_rows, dtype=q.dtype)
+    for g in range(n_groups):
+        for c in range(n):
+            for r in range(n_rows):
+                slots = range(r * n_slots, (r + 1) * n_slots)
+                logits = torch.stack([q_att[g, c] @ att_w2[g, :, t] - att_norm[g, 0, t]
+                                      for t in slots])
+                alpha = torch.softmax(logits, 0)
+                terms = torch.stack([out_norm[g, 0, t] - 2 * q[g, c] @ out_w[g, :, t]
+                                     for t in slots])
+                out[g, c, r] = (alpha * terms).sum()
+    return out
+
+
+@pytest.mark.parametrize("n_rows", [1, 3])
+def test_attentive_pool_equals_the_plain_formula_with_gradients(n_rows: int) -> None:
+    """MASS's fused eqs. 14-18 (hand-written backward): the loop formula's values and the
+    gradients of every input, in float64, with closed (+inf) slots."""
+    from masr.models.mass import attentive_pool
+
+    gen = torch.Generator().manual_seed(3)
+    groups, n, slots, d = 3, 4, 5, 6
+    shapes = [(groups, n, d), (groups, d, n_rows * slots), (groups, 1, n_rows * slots),
+              (groups, n, d), (groups, d, n_rows * slots), (groups, 1, n_rows * slots)]
+    inputs = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    inputs[2][0, 0, 1::2] = math.inf  # closed slots in every row of group 0
+    inputs = [t.requires_grad_() for t in inputs]
+    weights = torch.randn(groups, n, n_rows, generator=gen, dtype=torch.float64)
+    fused = attentive_pool(*inputs, n_rows)
+    plain = _plain_pool(*inputs, n_rows)
+    assert torch.allclose(fused, plain, atol=1e-12)
+    g_fused = torch.autograd.grad((fused * weights).sum(), inputs)
+    g_plain = torch.autograd.grad((plain * weights).sum(), inputs)
+    for i, (a, b) in enumerate(zip(g_fused, g_plain, strict=True)):
+        closed = torch.isinf(inputs[i].detach())
+        assert torch.allclose(a[~closed], b[~closed], atol=1e-12), i
+        assert (a[closed] == 0).all(), i  # a closed slot's own term gets no gradient
+    with torch.no_grad():  # scoring: the same values without the autograd node
+        assert torch.equal(attentive_pool(*inputs, n_rows), fused.detach())
+
+
+@pytest.mark.parametrize("attention", ["mem-metric", "mem-dot", "nonmem-metric", "none"])
+def test_mass_own_and_shared_distances_equal_the_plain_path_with_gradients(
+    planted: PreparedData, attention: str
+) -> None:
+    """Sampled softmax's MASS scores (each row's positive and the shared negatives, both in
+    GEMM form, member halves computed once): the values and parameter gradients of
+    ``distance`` per row, in float64, in training mode without dropout."""
+    index = TrainingIndex.from_data(planted)
+    rows = torch.arange(0, index.n_rows, 7)[:40]
+    from masr.sampling import training_batch
+
+    batch = training_batch(index, rows, uses_members=True, max_members=50)
+    own = index.song[rows]
+    shared = torch.randint(0, planted.n_songs, (11,), generator=torch.Generator().manual_seed(2))
+    torch.manual_seed(0)
+    config = MASSConfig(dim=8, dropout=0.0, attention=attention, init_std=0.3)
+    model = MASS(config, planted.n_users, planted.n_playlists, planted.n_songs).double().train()
+    weights = torch.randn(rows.shape[0], 12, dtype=torch.float64)
+    fast = model.distance_own_shared(batch, own, shared)
+    grads_fast = torch.autograd.grad((fast * weights).sum(), list(model.parameters()))
+    songs = torch.cat([own.unsqueeze(1), shared.expand(rows.shape[0], -1)], dim=1)
+    plain = model.distance(batch, songs)
+    grads_plain = torch.autograd.grad((plain * weights).sum(), list(model.parameters()))
+    assert torch.allclose(fast, plain, atol=1e-10), attention
+    for (name, _), a, b in zip(model.named_parameters(), grads_fast, grads_plain, strict=True):
+        assert torch.allclose(a.to_dense(), b.to_dense(), atol=1e-9), (attention, name)
+
+
 def test_compiled_mass_training_matches_eager(
     planted: PreparedData, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -223,8 +223,8 @@ def softmax_loss(
     of the row's playlist's training songs (``is_member`` (B, N), its positive included) are
     masked out: a song is never its own negative. With every catalog song once as a negative
     and no correction this is the full softmax over the songs outside the playlist."""
-    o_pos = model.distance(batch, positives.unsqueeze(1))  # (B, 1)
-    o_neg = model.distance_shared(batch, negatives)  # (B, N)
+    o = model.distance_own_shared(batch, positives, negatives)  # (B, 1+N)
+    o_pos, o_neg = o[:, :1], o[:, 1:]  # (B, 1), (B, N)
     logits_neg = -o_neg / temperature  # (B, N)
     if log_expected is not None:
         logits_neg = logits_neg - log_expected.unsqueeze(0)

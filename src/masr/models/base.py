@@ -100,6 +100,15 @@ class Recommender(nn.Module):
         is ``distance`` with the songs repeated for every row (same values, same dropout law)."""
         return self.distance(batch, songs.unsqueeze(0).expand(batch.users.shape[0], -1))
 
+    def distance_own_shared(self, batch: Batch, own: Tensor, shared: Tensor) -> Tensor:
+        """(B, 1 + N) distances of every row to its own song ``own`` (B,) (column 0) and to the
+        ``shared`` songs (N,) (sampled softmax's positive and negatives). The default is
+        ``distance`` and ``distance_shared``; a model overrides it to share the work of the
+        two (MASS: its member-song terms, computed once)."""
+        return torch.cat(
+            [self.distance(batch, own.unsqueeze(1)), self.distance_shared(batch, shared)], dim=1
+        )
+
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         """(B, V) distances to every catalog song. Models override this with a GEMM form;
         the default evaluates ``distance`` over song chunks."""

@@ -142,6 +142,87 @@ def weighted_pairwise_sq(q: Tensor, members: Tensor, weights: Tensor) -> Tensor:
     return (q_norm + torch.bmm(lhs, rhs.transpose(1, 2))).clamp_min(0.0)
 
 
+def _pool_parts(
+    q_att: Tensor,
+    att_w2: Tensor,
+    att_norm: Tensor,
+    q: Tensor,
+    out_w: Tensor,
+    out_norm: Tensor,
+    n_rows: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``attentive_pool``'s forward: α and the terms (G, Vc, R, L), and their pooled sum."""
+    n_groups, n = q.shape[:2]
+    # eq. 17 (up to a term constant over t): logits = 2 (B4²⊙q^(a))·s_t^(a) - |B4⊙s_t^(a)|²
+    logits = torch.baddbmm(att_norm, q_att, att_w2, beta=-1.0)  # (G, Vc, RL)
+    alpha = torch.softmax(logits.view(n_groups, n, n_rows, -1), dim=-1)  # eq. 18
+    del logits
+    # eqs. 14-15 without |B3⊙q|²: |B3⊙s_t|² - 2 (B3²⊙q)·s_t             (G, Vc, R, L)
+    terms = torch.baddbmm(out_norm, q, out_w, alpha=-2.0).view(n_groups, n, n_rows, -1)
+    return alpha, terms, (alpha * terms).sum(-1)  # Σ_t α_t d²_t, (G, Vc, R)
+
+
+class _AttentivePool(torch.autograd.Function):
+    """Eqs. 17-19's pooling in one pass with a hand-written backward (``attentive_pool``)."""
+
+    @staticmethod
+    def forward(ctx: Any, q_att, att_w2, att_norm, q, out_w, out_norm, n_rows: int):  # noqa: ANN001
+        alpha, terms, pooled = _pool_parts(q_att, att_w2, att_norm, q, out_w, out_norm, n_rows)
+        ctx.save_for_backward(q_att, att_w2, q, out_w, alpha, terms, pooled)
+        return pooled
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor):  # noqa: ANN205
+        q_att, att_w2, q, out_w, alpha, terms, pooled = ctx.saved_tensors
+        n_groups, n = q.shape[:2]
+        need = ctx.needs_input_grad
+        # ∂pooled/∂d²_t = α_t;  ∂pooled/∂logit_t = α_t (d²_t - pooled)  (softmax's Jacobian);
+        # both formed in place in the saved tensors (used once: once_differentiable)
+        g_terms = alpha.mul_(grad.unsqueeze(-1))  # (G, Vc, R, L)
+        g_logits = terms.sub_(pooled.unsqueeze(-1)).mul_(g_terms)
+        g_terms, g_logits = g_terms.view(n_groups, n, -1), g_logits.view(n_groups, n, -1)
+        grads: list[Tensor | None] = [None] * 7
+        if need[0]:
+            grads[0] = torch.bmm(g_logits, att_w2.transpose(1, 2))  # q_att (G, Vc, d)
+        if need[1]:
+            grads[1] = torch.bmm(q_att.transpose(1, 2), g_logits)  # att_w2 (G, d, RL)
+        if need[2]:
+            grads[2] = g_logits.sum(1, keepdim=True).neg_()  # att_norm (G, 1, RL)
+        if need[3]:
+            grads[3] = torch.bmm(g_terms, out_w.transpose(1, 2)).mul_(-2.0)  # q (G, Vc, d)
+        if need[4]:
+            grads[4] = torch.bmm(q.transpose(1, 2), g_terms).mul_(-2.0)  # out_w (G, d, RL)
+        if need[5]:
+            grads[5] = g_terms.sum(1, keepdim=True)  # out_norm (G, 1, RL)
+        return tuple(grads)
+
+
+def attentive_pool(
+    q_att: Tensor,
+    att_w2: Tensor,
+    att_norm: Tensor,
+    q: Tensor,
+    out_w: Tensor,
+    out_norm: Tensor,
+    n_rows: int,
+) -> Tensor:
+    """Σ_t α_t (|B3⊙s_t|² - 2 (B3²⊙q)·s_t) with α = softmax_t(2 q^(a)·w_t - n_t) over each of
+    R rows' L member slots (eqs. 14-18 in GEMM form, without eq. 15's |B3⊙q|²): queries
+    ``q_att``, ``q`` (G, Vc, d), member halves ``att_w2``, ``out_w`` (G, d, RL) and
+    ``att_norm``, ``out_norm`` (G, 1, RL) (+inf in ``att_norm`` closes a slot) -> (G, Vc, R).
+
+    One autograd node with a hand-written backward: plain autograd keeps and walks several
+    (G, Vc, RL) intermediates (logits, softmax, product, and their gradients); this keeps α
+    and the terms and reuses their storage for the gradients (the same values up to float
+    rounding; tested in float64 against the plain formula)."""
+    inputs = (q_att, att_w2, att_norm, q, out_w, out_norm)
+    tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs) and not tracing:
+        return _AttentivePool.apply(*inputs, n_rows)
+    return _pool_parts(*inputs, n_rows)[2]  # no gradient wanted (scoring), or ONNX tracing
+
+
 class MASS(Recommender):
     """Attentive member-song distances with a separate attention memory (eqs. 12-19)."""
 
@@ -362,11 +443,41 @@ class MASS(Recommender):
         dropout law of ``dropout_mode`` (the song halves of eqs. 12 and 16 computed once)."""
         if self.training and self.config.dropout > 0:
             return self.distance(batch, songs.unsqueeze(0))
+        rows = self._row_sides(batch)
+        return self._songs_scores(rows, songs, shared=True)  # (B, N)
+
+    def distance_own_shared(self, batch: Batch, own: Tensor, shared: Tensor) -> Tensor:
+        """(B, 1 + N) eq. 19 to each row's own song and to N shared songs: both through the
+        GEMM form of ``distance_shared``, the member-song halves computed once for the two.
+        With dropout in training: ``distance`` and ``distance_shared`` (the dropout law)."""
+        if self.training and self.config.dropout > 0:
+            return super().distance_own_shared(batch, own, shared)
+        rows = self._row_sides(batch)
+        return torch.cat(
+            [self._songs_scores(rows, own, shared=False), self._songs_scores(rows, shared)], dim=1
+        )
+
+    def _row_sides(self, batch: Batch) -> tuple[dict[str, Tensor], Tensor, Tensor | None]:
+        """What does not depend on the candidate, one group per row: ``_member_side`` and
+        ``_context_side``."""
         side = self._member_side(batch.members.unsqueeze(1), batch.member_mask.unsqueeze(1))
         a_out, a_att = self._context_side(
             self._context(batch.users, batch.playlists),
             self._att_context(batch.users, batch.playlists),
         )
+        return side, a_out, a_att
+
+    def _songs_scores(
+        self,
+        rows: tuple[dict[str, Tensor], Tensor, Tensor | None],
+        songs: Tensor,
+        shared: bool = True,
+    ) -> Tensor:
+        """(B, N) scores of ``songs`` (N,) shared by every row, or (B, 1) of one song per row
+        (``shared`` False, ``songs`` (B,)), by ``_grouped_scores`` (compiled where on)."""
+        side, a_out, a_att = rows
+        if not shared:
+            songs = songs.unsqueeze(1)  # (B, 1): per row, broadcast like (G, Vc)
         s_att = self._att_songs()(songs) if self.att_query is not None else None
         compiled = self._compiled_scores if self.training else None
         scores = (compiled or self._grouped_scores)(
@@ -440,25 +551,28 @@ class MASS(Recommender):
         cancels in the softmin (eq. 18). Padded slots get -inf attention logits and zero
         output terms, so they never change a score. The Table 4 variants change the logits
         only: "dot" q^(a)·s_t^(a), "none" 0 at every real slot."""
-        n_groups, n, n_rows = a_out.shape[0], s_out.shape[0], side["has"].shape[-1]
+        n_groups, n, n_rows = a_out.shape[0], s_out.shape[-2], side["has"].shape[-1]
         _, w1_s = self._split(self.query)
-        if self.att_query is None or a_att is None or s_att is None:
-            # attention "none": α_t = 1/|members|, the same for every candidate
-            logits = (-side["att_norm"]).expand(n_groups, n, -1)  # (G, Vc, RL)
-        else:
+        # eq. 12: q = ReLU(W1_c c + W1_s s_k + b1)                       (G, Vc, d)
+        q = (a_out + F.linear(s_out, w1_s, self.query.bias)).relu_()
+        q_norm = (q * q) @ self.metric.square()  # (G, Vc)  |B3⊙q|²
+        if self.att_query is not None and a_att is not None and s_att is not None:
             _, w2_s = self._split(self.att_query)
             # eq. 16: q^(a) = ReLU(W2_c c^(a) + W2_s s^(a) + b2)           (G, Vc, d)
             q_att = (a_att + F.linear(s_att, w2_s, self.att_query.bias)).relu_()
-            # eqs. 17-18: -d²a_t + |B4⊙q^(a)|² = 2 (B4²⊙q^(a))·s_t^(a) - |B4⊙s_t^(a)|²
-            # ("dot": q^(a)·s_t^(a) - 0)                                   (G, Vc, RL)
-            logits = torch.baddbmm(side["att_norm"], q_att, side["att_w2"], beta=-1.0)
+            # eqs. 14-18 ("dot": logits q^(a)·s_t^(a), the same form)     (G, Vc, R)
+            pooled = attentive_pool(
+                q_att, side["att_w2"], side["att_norm"], q, side["out_w"], side["out_norm"],
+                n_rows,
+            )
+            # eq. 19: o = Σ_t α_t d²_t + b_{s_k}
+            return pooled + q_norm.unsqueeze(-1) * side["has"] + bias  # (G, Vc, R)
+        # attention "none": α_t = 1/|members|, the same for every candidate
+        logits = (-side["att_norm"]).expand(n_groups, n, -1)  # (G, Vc, RL)
         alpha = torch.softmax(logits.reshape(n_groups, n, n_rows, -1), dim=-1)  # (G, Vc, R, L)
-        # eq. 12: q = ReLU(W1_c c + W1_s s_k + b1)                       (G, Vc, d)
-        q = (a_out + F.linear(s_out, w1_s, self.query.bias)).relu_()
         # eqs. 14-15 without |B3⊙q|²: |B3⊙s_t|² - 2 (B3²⊙q)·s_t    (G, Vc, R, L)
         terms = torch.baddbmm(side["out_norm"], q, side["out_w"], alpha=-2.0)
         pooled = (alpha * terms.view(n_groups, n, n_rows, -1)).sum(-1)  # (G, Vc, R)
-        q_norm = (q * q) @ self.metric.square()  # (G, Vc)  |B3⊙q|²
         # eq. 19: o = Σ_t α_t d²_t + b_{s_k}
         return pooled + q_norm.unsqueeze(-1) * side["has"] + bias  # (G, Vc, R)
 
