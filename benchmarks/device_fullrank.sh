@@ -8,10 +8,9 @@
 #      fixed beforehand on validation, docs/training.md).
 # GRID=1 also runs search_fullrank.py's "gpu" grid on validation before the chain (longer).
 # SKIP_TESTS=1 / SKIP_SPEED=1 leave out stages 1 / 2; CHAIN_ARGS adds options to the chain
-# ("--dim 128"); PARALLEL=1 trains MDR beside MASS and AMDR beside AMASS. The next pass
-# on an H100: SKIP_TESTS=1 SKIP_SPEED=1 TIME_LIMIT=130 (about
-# 9 minutes in all: MDR stops itself; MASS, AMDR, AMASS run about 10, 15 and 5 epochs, which
-# the 60 s pass showed AMDR and AMASS still need).
+# ("--dim 128"); PARALLEL=1 trains MDR beside MASS and AMDR beside AMASS. The pass that
+# trained the chain to its validation peaks (docs/training.md): SKIP_TESTS=1 SKIP_SPEED=1
+# PARALLEL=1 TIME_LIMIT=250 (452 s on an H100).
 #
 #   bash benchmarks/device_fullrank.sh      # from the repository root; env as device_check.sh,
 #                                           # plus TIME_LIMIT (s per chain run, default 60),
