@@ -353,32 +353,38 @@ def test_attentive_pool_equals_the_plain_formula_with_gradients(n_rows: int) -> 
         assert torch.equal(attentive_pool(*inputs, n_rows), fused.detach())
 
 
-@pytest.mark.parametrize("attention", ["mem-metric", "mem-dot", "nonmem-metric", "none"])
-def test_mass_own_and_shared_distances_equal_the_plain_path_with_gradients(
-    planted: PreparedData, attention: str
+OWN_SHARED_CASES = [("mass", {"attention": a}) for a in ("mem-metric", "mem-dot", "nonmem-metric",
+                                                          "none")]
+OWN_SHARED_CASES += [("mdr", {"terms": t}) for t in ("ups", "us", "ps")]
+
+
+@pytest.mark.parametrize(("model_name", "settings"), OWN_SHARED_CASES)
+def test_own_and_shared_distances_equal_the_plain_path_with_gradients(
+    planted: PreparedData, model_name: str, settings: dict
 ) -> None:
-    """Sampled softmax's MASS scores (each row's positive and the shared negatives, both in
-    GEMM form, member halves computed once): the values and parameter gradients of
-    ``distance`` per row, in float64, in training mode without dropout."""
-    index = TrainingIndex.from_data(planted)
-    rows = torch.arange(0, index.n_rows, 7)[:40]
+    """Sampled softmax's scores (each row's positive and the shared negatives in one call,
+    ``distance_own_shared``: GEMM form, the row-side work done once): the values and parameter
+    gradients of ``distance`` per row, in float64, in training mode without dropout."""
     from masr.sampling import training_batch
 
+    index = TrainingIndex.from_data(planted)
+    rows = torch.arange(0, index.n_rows, 7)[:40]
     batch = training_batch(index, rows, uses_members=True, max_members=50)
     own = index.song[rows]
     shared = torch.randint(0, planted.n_songs, (11,), generator=torch.Generator().manual_seed(2))
     torch.manual_seed(0)
-    config = MASSConfig(dim=8, dropout=0.0, attention=attention, init_std=0.3)
-    model = MASS(config, planted.n_users, planted.n_playlists, planted.n_songs).double().train()
+    cls, config_class = (MASS, MASSConfig) if model_name == "mass" else (MDR, MDRConfig)
+    config = config_class(dim=8, dropout=0.0, init_std=0.3, **settings)
+    model = cls(config, planted.n_users, planted.n_playlists, planted.n_songs).double().train()
     weights = torch.randn(rows.shape[0], 12, dtype=torch.float64)
     fast = model.distance_own_shared(batch, own, shared)
     grads_fast = torch.autograd.grad((fast * weights).sum(), list(model.parameters()))
     songs = torch.cat([own.unsqueeze(1), shared.expand(rows.shape[0], -1)], dim=1)
     plain = model.distance(batch, songs)
     grads_plain = torch.autograd.grad((plain * weights).sum(), list(model.parameters()))
-    assert torch.allclose(fast, plain, atol=1e-10), attention
+    assert torch.allclose(fast, plain, atol=1e-10), settings
     for (name, _), a, b in zip(model.named_parameters(), grads_fast, grads_plain, strict=True):
-        assert torch.allclose(a.to_dense(), b.to_dense(), atol=1e-9), (attention, name)
+        assert torch.allclose(a.to_dense(), b.to_dense(), atol=1e-9), (settings, name)
 
 
 def test_compiled_mass_training_matches_eager(

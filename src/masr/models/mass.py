@@ -163,7 +163,7 @@ def _pool_parts(
 
 
 class _AttentivePool(torch.autograd.Function):
-    """Eqs. 17-19's pooling in one pass with a hand-written backward (``attentive_pool``)."""
+    """Eqs. 14-18 in one autograd node with a hand-written backward (``attentive_pool``)."""
 
     @staticmethod
     def forward(ctx: Any, q_att, att_w2, att_norm, q, out_w, out_norm, n_rows: int):  # noqa: ANN001

@@ -223,6 +223,24 @@ class MDR(Recommender):
         s = self.song_emb(songs)  # (N, d)
         return self._gemm(self._sides(batch.users, batch.playlists), s, self.song_bias(songs))
 
+    def distance_own_shared(self, batch: Batch, own: Tensor, shared: Tensor) -> Tensor:
+        """(B, 1 + N) eq. 11 to each row's own song and to N shared songs, from one gather of
+        the B + N song rows and one set of row terms (``_gemm``'s expansion; the own song's
+        cross term is a row-wise dot product). With dropout in training: the default."""
+        if self.training and self.config.dropout > 0:
+            return super().distance_own_shared(batch, own, shared)
+        n_rows = own.shape[0]
+        songs = torch.cat([own, shared])  # (B + N,)
+        s = self.song_emb(songs)  # (B + N, d)
+        w_sum, row_term, lhs = self._row_parts(self._sides(batch.users, batch.playlists))
+        song_term = s.square() @ w_sum + self.song_bias(songs).squeeze(-1)  # (B + N,)
+        cross_own = (lhs * s[:n_rows]).sum(-1, keepdim=True)  # (B, 1)
+        cross = torch.cat([cross_own, lhs @ s[n_rows:].T], dim=1)  # (B, 1 + N)
+        song_terms = torch.cat(
+            [song_term[:n_rows].unsqueeze(1), song_term[n_rows:].expand(n_rows, -1)], dim=1
+        )
+        return row_term.unsqueeze(1) - 2.0 * cross + song_terms
+
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         """(B, V) eq. 11 against every catalog song, in GEMM form (one (B, d) x (d, V) product;
         ``chunk`` is unused: the whole catalog fits one product)."""
@@ -246,15 +264,21 @@ class MDR(Recommender):
 
         Expanded: Σ_x |B_x⊙(x-s)|² = Σ_x |B_x⊙x|² - 2 (Σ_x B_x²⊙x)·s + (Σ_x B_x²)·s², so the
         only per-row work is one GEMM with the song table."""
-        w = [m.square() for _, m in sides]  # B_x² (d,) each
-        w_sum = sum(w[1:], w[0])  # (d,)  B1² + B2²
+        w_sum, row_term, lhs = MDR._row_parts(sides)
         # per-song constant: (B1² + B2²)·s² + θ_s
         song_term = songs.square() @ w_sum + bias.squeeze(-1)  # (N,)
-        rows = [x.square() @ wx for (x, _), wx in zip(sides, w, strict=True)]
-        row_term = sum(rows[1:], rows[0])  # (B,)  |B1⊙u|² + |B2⊙p|²
-        lhs = [x * wx for (x, _), wx in zip(sides, w, strict=True)]
-        cross = sum(lhs[1:], lhs[0]) @ songs.T  # (B, N)  (B1²⊙u + B2²⊙p)·s
+        cross = lhs @ songs.T  # (B, N)  (B1²⊙u + B2²⊙p)·s
         return row_term.unsqueeze(1) - 2.0 * cross + song_term.unsqueeze(0)
+
+    @staticmethod
+    def _row_parts(sides: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+        """``_gemm``'s song-independent parts: B1² + B2² (d,), |B1⊙u|² + |B2⊙p|² (B,) and
+        B1²⊙u + B2²⊙p (B, d) (the kept terms only)."""
+        w = [m.square() for _, m in sides]  # B_x² (d,) each
+        w_sum = sum(w[1:], w[0])  # (d,)
+        rows = [x.square() @ wx for (x, _), wx in zip(sides, w, strict=True)]
+        lhs = [x * wx for (x, _), wx in zip(sides, w, strict=True)]
+        return w_sum, sum(rows[1:], rows[0]), sum(lhs[1:], lhs[0])
 
     def export_weights(self) -> dict[str, Tensor]:
         """The tensors of eq. 11 by name, detached (the export's only view of this model):
