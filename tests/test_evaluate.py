@@ -228,3 +228,23 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = plot_hit_curves({"mdr": _res(0.5, 0.3)}, tmp_path / "hits.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mass_ranks_do_not_depend_on_the_batch_size(planted: PreparedData) -> None:
+    """Member-reading models are evaluated in length-ordered batches of at most 256 cases on a
+    CPU (less member padding): the same ranks as one large batch, both protocols (float64, so
+    padding cannot flip a tie by rounding)."""
+    from masr.evaluate import full_ranks, sampled_ranks
+    from masr.models.mass import MASS, MASSConfig
+    from masr.sampling import TrainingIndex
+
+    torch.manual_seed(0)
+    model = MASS(
+        MASSConfig(dim=8, init_std=0.3), planted.n_users, planted.n_playlists, planted.n_songs
+    ).double().eval()
+    index = TrainingIndex.from_data(planted)
+    for ranks in (full_ranks, sampled_ranks):
+        small = ranks(model, planted.valid, index, batch_size=3)
+        default = ranks(model, planted.valid, index)
+        large = ranks(model, planted.valid, index, batch_size=4096)
+        assert np.array_equal(small, large) and np.array_equal(default, large), ranks.__name__
