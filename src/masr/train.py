@@ -223,14 +223,14 @@ def softmax_loss(
     of the row's playlist's training songs (``is_member`` (B, N), its positive included) are
     masked out: a song is never its own negative. With every catalog song once as a negative
     and no correction this is the full softmax over the songs outside the playlist."""
-    o = model.distance_own_shared(batch, positives, negatives)  # (B, 1+N)
-    o_pos, o_neg = o[:, :1], o[:, 1:]  # (B, 1), (B, N)
-    logits_neg = -o_neg / temperature  # (B, N)
-    if log_expected is not None:
-        logits_neg = logits_neg - log_expected.unsqueeze(0)
-    logits_neg = logits_neg.masked_fill(is_member, float("-inf"))
-    logits = torch.cat([-o_pos / temperature, logits_neg], dim=1)  # (B, 1+N)
-    return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
+    o = model.distance_own_shared(batch, positives, negatives)  # (B, 1+N), column 0 the positive
+    # logits -o / τ, each negative's lowered by log E[its count]; the positive's left as it is
+    shift = -F.pad(log_expected, (1, 0)) if log_expected is not None else o.new_zeros(())
+    logits = torch.add(shift, o, alpha=-1.0 / temperature)  # (B, 1+N)
+    closed = torch.cat([is_member.new_zeros(is_member.shape[0], 1), is_member], dim=1)
+    logits = logits.masked_fill(closed, float("-inf"))
+    target = torch.zeros(o.shape[0], dtype=torch.long, device=o.device)
+    return F.cross_entropy(logits, target)  # mean of logsumexp(logits) - logits[:, 0]
 
 
 def _step_loss(
