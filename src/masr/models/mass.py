@@ -142,16 +142,10 @@ def weighted_pairwise_sq(q: Tensor, members: Tensor, weights: Tensor) -> Tensor:
     return (q_norm + torch.bmm(lhs, rhs.transpose(1, 2))).clamp_min(0.0)
 
 
-def _pool_parts(
-    q_att: Tensor,
-    att_w2: Tensor,
-    att_norm: Tensor,
-    q: Tensor,
-    out_w: Tensor,
-    out_norm: Tensor,
-    n_rows: int,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``attentive_pool``'s forward: α and the terms (G, Vc, R, L), and their pooled sum."""
+def _pool_parts(*inputs: Tensor, n_rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``attentive_pool``'s forward on its six tensors (in its order): α and the terms
+    (G, Vc, R, L), and their pooled sum."""
+    q_att, att_w2, att_norm, q, out_w, out_norm = inputs
     n_groups, n = q.shape[:2]
     # eq. 17 (up to a term constant over t): logits = 2 (B4²⊙q^(a))·s_t^(a) - |B4⊙s_t^(a)|²
     logits = torch.baddbmm(att_norm, q_att, att_w2, beta=-1.0)  # (G, Vc, RL)
@@ -167,7 +161,9 @@ class _AttentivePool(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q_att, att_w2, att_norm, q, out_w, out_norm, n_rows: int):  # noqa: ANN001
-        alpha, terms, pooled = _pool_parts(q_att, att_w2, att_norm, q, out_w, out_norm, n_rows)
+        alpha, terms, pooled = _pool_parts(
+            q_att, att_w2, att_norm, q, out_w, out_norm, n_rows=n_rows
+        )
         ctx.save_for_backward(q_att, att_w2, q, out_w, alpha, terms, pooled)
         return pooled
 
@@ -220,7 +216,7 @@ def attentive_pool(
     tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs) and not tracing:
         return _AttentivePool.apply(*inputs, n_rows)
-    return _pool_parts(*inputs, n_rows)[2]  # no gradient wanted (scoring), or ONNX tracing
+    return _pool_parts(*inputs, n_rows=n_rows)[2]  # no gradient wanted (scoring), ONNX tracing
 
 
 class MASS(Recommender):
