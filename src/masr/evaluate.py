@@ -42,6 +42,13 @@ _BUDGET = 1 << 22
 _MEMBER_BATCH = 256
 
 
+def _capped(batch_size: int, model: Recommender, index: TrainingIndex) -> int:
+    """``batch_size``, at most ``_MEMBER_BATCH`` for a member-reading model on a CPU."""
+    if model.uses_members and index.device.type == "cpu":
+        return min(batch_size, _MEMBER_BATCH)
+    return batch_size
+
+
 def metric_names() -> list[str]:
     """``hit@1 .. hit@10, ndcg@1 .. ndcg@10``, the key order of every metrics dict."""
     return [f"hit@{n}" for n in CUTOFFS] + [f"ndcg@{n}" for n in CUTOFFS]
@@ -120,8 +127,7 @@ def sampled_ranks(
     if batch_size is None:
         members = min(index.max_length, 10_000) if model.uses_members else 1
         batch_size = max(1, min(4096, _BUDGET // (width * members)))
-        if model.uses_members and index.device.type == "cpu":
-            batch_size = min(batch_size, _MEMBER_BATCH)
+        batch_size = _capped(batch_size, model, index)
     order = _by_length(model, cases, index)
     negs_all = torch.as_tensor(cases.negatives[order], dtype=torch.long)
     out = []
@@ -149,8 +155,7 @@ def full_ranks(
     v = index.n_songs
     if batch_size is None:
         batch_size = max(1, min(1024, (_BUDGET * 4) // v))
-        if model.uses_members and index.device.type == "cpu":
-            batch_size = min(batch_size, _MEMBER_BATCH)
+        batch_size = _capped(batch_size, model, index)
     order = _by_length(model, cases, index)
     out = []
     with torch.no_grad():

@@ -440,7 +440,7 @@ class MASS(Recommender):
         if self.training and self.config.dropout > 0:
             return self.distance(batch, songs.unsqueeze(0))
         rows = self._row_sides(batch)
-        return self._songs_scores(rows, songs, shared=True)  # (B, N)
+        return self._songs_scores(rows, songs)  # (B, N)
 
     def distance_own_shared(self, batch: Batch, own: Tensor, shared: Tensor) -> Tensor:
         """(B, 1 + N) eq. 19 to each row's own song and to N shared songs: both through the
@@ -450,7 +450,7 @@ class MASS(Recommender):
             return super().distance_own_shared(batch, own, shared)
         rows = self._row_sides(batch)
         return torch.cat(
-            [self._songs_scores(rows, own, shared=False), self._songs_scores(rows, shared)], dim=1
+            [self._songs_scores(rows, own.unsqueeze(1)), self._songs_scores(rows, shared)], dim=1
         )
 
     def _row_sides(self, batch: Batch) -> tuple[dict[str, Tensor], Tensor, Tensor | None]:
@@ -464,16 +464,11 @@ class MASS(Recommender):
         return side, a_out, a_att
 
     def _songs_scores(
-        self,
-        rows: tuple[dict[str, Tensor], Tensor, Tensor | None],
-        songs: Tensor,
-        shared: bool = True,
+        self, rows: tuple[dict[str, Tensor], Tensor, Tensor | None], songs: Tensor
     ) -> Tensor:
         """(B, N) scores of ``songs`` (N,) shared by every row, or (B, 1) of one song per row
-        (``shared`` False, ``songs`` (B,)), by ``_grouped_scores`` (compiled where on)."""
+        (``songs`` (B, 1)), by ``_grouped_scores`` (compiled where on)."""
         side, a_out, a_att = rows
-        if not shared:
-            songs = songs.unsqueeze(1)  # (B, 1): per row, broadcast like (G, Vc)
         s_att = self._att_songs()(songs) if self.att_query is not None else None
         compiled = self._compiled_scores if self.training else None
         scores = (compiled or self._grouped_scores)(
@@ -561,14 +556,13 @@ class MASS(Recommender):
                 q_att, side["att_w2"], side["att_norm"], q, side["out_w"], side["out_norm"],
                 n_rows,
             )
-            # eq. 19: o = Σ_t α_t d²_t + b_{s_k}
-            return pooled + q_norm.unsqueeze(-1) * side["has"] + bias  # (G, Vc, R)
-        # attention "none": α_t = 1/|members|, the same for every candidate
-        logits = (-side["att_norm"]).expand(n_groups, n, -1)  # (G, Vc, RL)
-        alpha = torch.softmax(logits.reshape(n_groups, n, n_rows, -1), dim=-1)  # (G, Vc, R, L)
-        # eqs. 14-15 without |B3⊙q|²: |B3⊙s_t|² - 2 (B3²⊙q)·s_t    (G, Vc, R, L)
-        terms = torch.baddbmm(side["out_norm"], q, side["out_w"], alpha=-2.0)
-        pooled = (alpha * terms.view(n_groups, n, n_rows, -1)).sum(-1)  # (G, Vc, R)
+        else:
+            # attention "none": α_t = 1/|members|, the same for every candidate
+            logits = (-side["att_norm"]).expand(n_groups, n, -1)  # (G, Vc, RL)
+            alpha = torch.softmax(logits.reshape(n_groups, n, n_rows, -1), dim=-1)
+            # eqs. 14-15 without |B3⊙q|²: |B3⊙s_t|² - 2 (B3²⊙q)·s_t    (G, Vc, R, L)
+            terms = torch.baddbmm(side["out_norm"], q, side["out_w"], alpha=-2.0)
+            pooled = (alpha * terms.view(n_groups, n, n_rows, -1)).sum(-1)  # (G, Vc, R)
         # eq. 19: o = Σ_t α_t d²_t + b_{s_k}
         return pooled + q_norm.unsqueeze(-1) * side["has"] + bias  # (G, Vc, R)
 
