@@ -192,6 +192,12 @@ def main(argv: list[str]) -> int:
         help="also time dense embedding gradients + plain Adam (default: row-sparse + lazy Adam)",
     )
     parser.add_argument(
+        "--no-huge-pages",
+        action="store_true",
+        help="leave PyTorch's CPU tensors on 4 KB pages (default: as the CLI, "
+        "masr.system.tensor_huge_pages)",
+    )
+    parser.add_argument(
         "--recipes",
         default="paper,fullrank",
         help="comma list of masr train recipes to time side by side",
@@ -203,6 +209,12 @@ def main(argv: list[str]) -> int:
         print(f"bench_train: no data at {source} (set MASR_BENCH_DATA)", file=sys.stderr)
         return 2
     OUT.mkdir(exist_ok=True)
+    from masr.system import THP_SWITCH, tensor_huge_pages
+
+    if args.no_huge_pages:
+        os.environ[THP_SWITCH] = "0"
+    pages = "huge" if tensor_huge_pages() else "4 KB"  # before PyTorch loads
+    print(f"bench_train: CPU tensors on {pages} pages", file=sys.stderr)
     if args.cores and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > args.cores:
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cores]))
     import torch
@@ -240,6 +252,7 @@ def main(argv: list[str]) -> int:
                     model, data, device, bs, args.max_seconds, sparse, settings, recipe,
                     args.compile,
                 )
+                r["tensor_pages"] = pages
                 results.append(r)
                 mark = " (extrapolated)" if r["extrapolated"] else ""
                 print(

@@ -42,6 +42,9 @@ def main(
     ] = False,
 ) -> None:
     """masr: automatic playlist continuation."""
+    from masr.system import tensor_huge_pages
+
+    tensor_huge_pages()  # before PyTorch loads: CPU training steps 1.5x faster (docs/training.md)
 
 
 for module in (prep, synth, train, evaluate, export, score, reproduce):

@@ -91,6 +91,15 @@ def command(
     adv_epochs: Annotated[
         int, typer.Option(help="APR epochs of amdr/amass after the BPR pre-training.")
     ] = _A.epochs,
+    adv_lr: Annotated[
+        float | None,
+        typer.Option(
+            help="Adam learning rate of the APR phase (amdr/amass), which starts from the best "
+            "BPR checkpoint (default: --lr, the paper's). A lower one keeps a large model's APR "
+            "from overshooting its first epoch (docs/training.md).",
+            show_default=False,
+        ),
+    ] = None,
     dim: Annotated[
         int | None,
         typer.Option(help="Embedding size d (default: the model's own, 64).", show_default=False),
@@ -287,7 +296,7 @@ def command(
             seed=seed,
         ),
         adversarial=AdversarialConfig(
-            epochs=adv_epochs, eps=eps, reg_adv=reg_adv, noise=noise.value
+            epochs=adv_epochs, eps=eps, reg_adv=reg_adv, noise=noise.value, lr=adv_lr
         ),
         model={"dim": dim, "entity": entity.value if entity else None},
         alpha=alpha,

@@ -133,6 +133,29 @@ def test_resume_continues_a_run(tmp_path: Path) -> None:
     _fails([*args, "--epochs", "4", "--lr", "0.5", "--resume"], "cannot --resume", "lr")
 
 
+def test_adv_lr_is_the_apr_phase_learning_rate(tmp_path: Path) -> None:
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    args = ["train", "--model", "amdr", "--data", str(data), "--runs", str(runs), *TINY]
+    _ok([*args, "--adv-lr", "0.005"])
+
+    def config(run: str) -> dict:
+        return json.loads((runs / run / "run.json").read_text())
+
+    assert config("mdr")["train_config"]["lr"] == 0.02  # BPR: --lr
+    assert config("amdr")["train_config"]["lr"] == 0.005  # APR: --adv-lr
+    assert config("amdr")["adversarial"]["lr"] == 0.005
+    mdr_stamp = (runs / "mdr" / "best.pt").stat().st_mtime_ns
+    _ok([*args, "--adv-lr", "0.001"])  # another APR phase on the same pre-trained MDR
+    assert (runs / "mdr" / "best.pt").stat().st_mtime_ns == mdr_stamp
+    assert config("amdr")["train_config"]["lr"] == 0.001
+    _ok([*args])  # no --adv-lr: the APR phase takes --lr, as the paper
+    assert config("amdr")["train_config"]["lr"] == 0.02
+    _fails([*args, "--adv-lr", "0"], "--adv-lr")
+
+
 def test_time_limit_is_a_budget_per_run(tmp_path: Path) -> None:
     from conftest import write_planted
 

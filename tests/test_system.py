@@ -42,3 +42,50 @@ def test_busy_cores_reads_this_machine() -> None:
 
 def test_explicit_threads_are_kept() -> None:
     assert cpu_threads(3)[0] == 3
+
+
+_FAULTS_OF_A_BLOCK = """
+import resource
+from masr.system import tensor_huge_pages
+made = tensor_huge_pages()
+import torch
+faults = []
+for _ in range(3):  # every 64 MiB block is mapped afresh and freed: fault counts per block
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = torch.ones(1 << 24)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    del block
+print(int(made), min(faults))
+"""
+
+
+def _block_faults(env: dict[str, str | None]) -> tuple[bool, int]:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _FAULTS_OF_A_BLOCK],
+        env={k: v for k, v in {**os.environ, **env}.items() if v is not None},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return bool(int(out[0])), int(out[1])
+
+
+def test_large_tensors_take_huge_pages_unless_the_user_says_no() -> None:
+    try:
+        with open(masr.system._THP_SYSFS) as fh:
+            mode = fh.read()
+    except OSError:
+        pytest.skip("no transparent huge pages here")
+    if "[never]" in mode:
+        pytest.skip("transparent huge pages are off in this kernel")
+    pages = (64 << 20) // os.sysconf("SC_PAGE_SIZE")
+    made, faults = _block_faults({masr.system.THP_SWITCH: None})
+    if not made:
+        pytest.skip("not Linux")
+    assert faults < pages // 20  # 2 MB pages: 32 faults for 64 MiB instead of 16,384
+    made, faults = _block_faults({masr.system.THP_SWITCH: "0"})  # the user's choice is kept
+    # (a kernel in "always" mode gives huge pages to every process: only "madvise" tells)
+    assert not made and ("[madvise]" not in mode or faults > pages // 2)

@@ -171,11 +171,18 @@ class AdversarialConfig:
     eps: float = 1.0  # epsilon of eqs. 23-24
     reg_adv: float = 1.0  # lambda_delta of eq. 23
     noise: str = "flexible"  # "flexible" (the paper's) or "fixed"
+    #: Adam learning rate of the APR phase (--adv-lr); None = the BPR phase's (--lr), the paper's
+    lr: float | None = None
 
     def __post_init__(self) -> None:
         _raise_first(
             [
                 ("--adv-epochs", self.epochs >= 1, "must be >= 1"),
+                (
+                    "--adv-lr",
+                    self.lr is None or (self.lr > 0 and _finite(self.lr)),
+                    "must be a positive number",
+                ),
                 ("--eps", self.eps >= 0 and _finite(self.eps), "must be >= 0"),
                 ("--reg-adv", self.reg_adv >= 0 and _finite(self.reg_adv), "must be >= 0"),
                 ("--noise", self.noise in NOISE_MODES, f"must be one of {_list(NOISE_MODES)}"),
@@ -205,6 +212,7 @@ OPTION_PATHS: dict[str, tuple[str, str]] = {
     "eps": ("adversarial", "eps"),
     "reg_adv": ("adversarial", "reg_adv"),
     "noise": ("adversarial", "noise"),
+    "adv_lr": ("adversarial", "lr"),
     "dim": ("model", "dim"),
     "entity": ("model", "entity"),
     "alpha": ("", "alpha"),

@@ -163,7 +163,8 @@ def _build(
     adversarial = None
     if spec.procedure == "apr":
         adversarial = options.adversarial
-        train_cfg = replace(options.train, epochs=options.adversarial.epochs)
+        apr_lr = options.adversarial.lr or options.train.lr  # --adv-lr, else --lr
+        train_cfg = replace(options.train, epochs=options.adversarial.epochs, lr=apr_lr)
 
     resume_state = None
     can_resume = (
