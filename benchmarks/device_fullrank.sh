@@ -24,7 +24,9 @@ FULL_SAMPLE=${FULL_SAMPLE:-3000}
 DATA_SRC=${DATA_SRC:-../shared/data/aotm2011.csv.gz}
 DATA=$WORK/data
 CHAIN=${CHAIN:-$WORK/chain}
-CHAIN_ARGS=${CHAIN_ARGS:-}  # e.g. "--dim 128": one change to the recipe, same budget
+# e.g. "--dim 128": one change to the recipe, same budget; the next pass the CPU evidence asks
+# for (docs/training.md, The AMDR phase at d = 256): CHAIN_ARGS="--dim 256 --adv-lr 3e-4"
+CHAIN_ARGS=${CHAIN_ARGS:-}
 SPEED_SECONDS=6
 if [ "${DRY:-0}" = 1 ]; then DEVICE=cpu TL=2 FULL_SAMPLE=300 SPEED_SECONDS=1; fi
 
