@@ -44,7 +44,7 @@ def main(
     """masr: automatic playlist continuation."""
     from masr.system import tensor_huge_pages
 
-    tensor_huge_pages()  # before PyTorch loads: CPU training steps 1.5x faster (docs/training.md)
+    tensor_huge_pages()  # before PyTorch loads: fewer page faults on a CPU (docs/training.md)
 
 
 for module in (prep, synth, train, evaluate, export, score, reproduce):

@@ -190,7 +190,12 @@ class AdversarialConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields; ``lr`` only when set, so a run that follows --lr keeps the signature and
+        files it had before --adv-lr existed (and is reused)."""
+        values = asdict(self)
+        if values["lr"] is None:
+            del values["lr"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> AdversarialConfig:

@@ -100,11 +100,12 @@ def tensor_huge_pages() -> bool:
 
     A training step on a CPU allocates and frees the same tens-of-MB tensors every time, and the
     C library maps each afresh from the kernel: with 4 KB pages every page faults and is zeroed
-    again (1.6M page faults in 40 MASS steps on AOTM-2011). With 2 MB pages the faults drop
-    ~500x: a MASS step on AOTM (2 cores, compiled) 127-140 -> 82-86 ms, the same peak memory
-    (docs/training.md). Process-wide, so the CLI calls it once, before importing PyTorch; a
-    library user may set ``THP_MEM_ALLOC_ENABLE=1`` in the environment instead. A value the
-    user set (``THP_MEM_ALLOC_ENABLE=0`` to opt out) is kept."""
+    again (1.6M page faults in 40 MASS steps on AOTM-2011; 0.47M with 2 MB pages). A MASS epoch
+    on AOTM (2 cores, compiled) 105.0 -> 97.9 s, the same peak memory; the first steps of a
+    process gain most, before glibc raises its mapping threshold (docs/training.md).
+    Process-wide, so the CLI calls it once, before importing PyTorch; a library user may set
+    ``THP_MEM_ALLOC_ENABLE=1`` in the environment instead. A value the user set
+    (``THP_MEM_ALLOC_ENABLE=0`` to opt out) is kept."""
     import sys
 
     if not sys.platform.startswith("linux"):

@@ -131,8 +131,6 @@ def signature(name: str, options: RunOptions, fingerprint: str) -> dict[str, Any
     sig["train"] = options.train.to_dict()
     if spec.procedure == "apr":
         sig["adversarial"] = options.adversarial.to_dict()
-        if sig["adversarial"].get("lr") is None:  # --lr's (in "train"): as before --adv-lr
-            sig["adversarial"].pop("lr", None)
         sig["start"] = signature(spec.start_from or "", options, fingerprint)
     if spec.procedure == "pretrained":
         sig["parts"] = [signature(p, options, fingerprint) for p in spec.parts]
