@@ -390,8 +390,9 @@ def test_own_and_shared_distances_equal_the_plain_path_with_gradients(
 def test_compiled_mass_training_matches_eager(
     planted: PreparedData, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`compile=True` (masr train's default on a CPU): the same losses as eager up to float
-    rounding, and the model is eager again afterwards (evaluation, export)."""
+    """`compile=True` (masr train's default on a CPU): the same losses and per-epoch validation
+    (its full ranking compiled too) as eager up to float rounding, and the model is eager again
+    afterwards (evaluation, export)."""
     import shutil
 
     from masr.models.mass import MASS, MASSConfig
@@ -402,16 +403,55 @@ def test_compiled_mass_training_matches_eager(
     monkeypatch.setenv("MASR_COMPILE", "1")
     config = TrainConfig(epochs=1, loss="softmax", neg=32, neg_sampler="mixed", batch_size=64,
                          lr=0.02, temperature=0.1)
-    losses = []
+    losses, full = [], []
     for compile_ in (False, True):
         torch.manual_seed(0)
         model = MASS(MASSConfig(dim=8, dropout=0.0), planted.n_users, planted.n_playlists,
                      planted.n_songs)
         result = train_model(model, planted, config, compile=compile_)
         losses.append(result.history[0]["loss"])
+        full.append(result.history[0]["valid_full"])
         assert model._compiled_scores is None
     assert "torch.compile of" not in capsys.readouterr().err  # it compiled, no fallback
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+    one_case = 1.0 / min(len(planted.valid), config.valid_sample)
+    for key in ("hit@10", "ndcg@10"):  # float rounding may flip a tie, never more
+        assert full[1][key] == pytest.approx(full[0][key], abs=one_case + 1e-9), key
+
+
+def test_compiled_full_ranking_gives_the_eager_ranks(
+    planted: PreparedData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`masr evaluate`'s default on a CPU: a fusion's full ranking through its MASS part's
+    compiled scores ranks as eagerly (up to float rounding), and leaves the model eager."""
+    import shutil
+
+    from masr.evaluate import full_ranks
+    from masr.models.masr import MASR
+    from masr.models.mass import MASS, MASSConfig
+    from masr.models.mdr import MDR, MDRConfig
+    from masr.sampling import TrainingIndex
+
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler for torch.compile on CPU")
+    monkeypatch.setenv("MASR_COMPILE", "1")
+    torch.manual_seed(0)
+    sizes = (planted.n_users, planted.n_playlists, planted.n_songs)
+    parts = MDR(MDRConfig(dim=8, init_std=0.3), *sizes), MASS(
+        MASSConfig(dim=8, dropout=0.0, init_std=0.3), *sizes
+    )
+    fused = MASR.from_parts(*parts, 0.5)
+    mass = fused.mass  # (its own copy of the part)
+    index = TrainingIndex.from_data(planted, "cpu")
+    eager = full_ranks(fused.eval(), planted.valid, index)
+    from masr.compiled import compile_scores
+
+    assert compile_scores(fused, True, "cpu")
+    wrapper = mass._compiled_scores
+    compiled = full_ranks(fused, planted.valid, index)
+    fused.compile_scores(False)
+    assert not wrapper.failed and mass._compiled_scores is None  # it compiled; eager again
+    assert (compiled != eager).mean() < 0.01 and abs(compiled - eager).max() <= 1
 
 
 def test_a_failing_compile_trains_on_eagerly(

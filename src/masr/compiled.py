@@ -1,10 +1,12 @@
-"""``torch.compile`` where it pays, eager where it cannot: one wrapper for the training paths.
+"""``torch.compile`` where it pays, eager where it cannot: one wrapper for MASS's scores.
 
 A MASS step under sampled softmax is dominated by element-wise passes over (batch, negatives,
-d) and (batch, negatives, members) tensors; on a CPU, inductor fuses them (docs/training.md,
-Speed: about 30% off a step). Compiling needs a C++ compiler (CPU) or Triton (GPU) and takes
-seconds per new shape, so the wrapper is opt-in per call site, and the first failure turns it
-off for good with one line on stderr: training never stops because a compiler is missing.
+d) and (batch, negatives, members) tensors, and its full ranking (validation, evaluation) by
+the same passes over (users, songs, members) tensors; on a CPU, inductor fuses them
+(docs/training.md, Speed: about 30% off a training step, a third off a full-ranking pass).
+Compiling needs a C++ compiler (CPU) or Triton (GPU) and takes seconds per new shape, so the
+wrapper is opt-in per call site, and the first failure turns it off for good with one line on
+stderr: training never stops because a compiler is missing.
 """
 
 from __future__ import annotations
@@ -22,6 +24,18 @@ ENV = "MASR_COMPILE"
 def compile_allowed() -> bool:
     """False when $MASR_COMPILE is 0/false/no/off."""
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def compile_scores(model: Any, on: bool, device: Any) -> bool:
+    """Switch ``model``'s scores to their compiled version (``Recommender.compile_scores``)
+    where ``on``, ``device`` is a CPU (on a GPU it was not measured to pay) and $MASR_COMPILE
+    allows it; True when switched on: the caller switches it off with
+    ``model.compile_scores(False)``."""
+    import torch
+
+    if not (on and torch.device(device).type == "cpu" and compile_allowed()):
+        return False
+    return bool(model.compile_scores(True))
 
 
 class Compiled:

@@ -243,12 +243,16 @@ def evaluate_model(
     index: TrainingIndex | None = None,
     full_sample: int = 0,
     sample_seed: int = 0,
+    compile: bool = False,
 ) -> dict[str, dict[str, float]]:
     """``{"sampled": {hit@1.., ndcg@1..}, "full": {...}}`` for ``split`` ("test" or "valid").
 
     ``full_sample`` > 0 ranks only that many cases, drawn without replacement with
     ``sample_seed``, under the full protocol (for large catalogs); the sampled protocol always
-    uses every case."""
+    uses every case. ``compile``: on a CPU, the model's full-ranking scores through
+    ``torch.compile`` where it has them (MASS and the fusions; ``masr.compiled``): the same
+    ranks up to float rounding. Training's validation leaves it False: the training run has
+    already switched them on."""
     import torch
 
     from masr.sampling import TrainingIndex
@@ -262,8 +266,11 @@ def evaluate_model(
         dev = torch.device(device) if device is not None else next(_devices(model), "cpu")
         index = TrainingIndex.from_data(data, dev)
     cases = data.test if split == "test" else data.valid
+    from masr.compiled import compile_scores
+
     was_training = model.training
     model.to(index.device).eval()
+    compiled = compile_scores(model, compile, index.device)
     try:
         result = {}
         if "sampled" in protocols:
@@ -273,6 +280,8 @@ def evaluate_model(
             result["full"] = metrics_from_ranks(full_ranks(model, full_cases, index))
     finally:
         model.train(was_training)
+        if compiled:
+            model.compile_scores(False)
     return result
 
 

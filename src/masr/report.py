@@ -46,6 +46,7 @@ def evaluate_runs(
     alphas: Sequence[float] = (),
     candidates: int = 0,
     log: Callable[[str], None] | None = None,
+    compile: bool = False,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """``{run: {"sampled": metrics, "full": metrics}}`` for the named runs (``all`` = every
     run in ``runs_dir``), in table order; ``full_sample``: see ``evaluate_model``. Each fusion
@@ -55,7 +56,8 @@ def evaluate_runs(
     ``candidates`` > 0 adds ``"two_stage"`` to every run (on the same full-protocol cases):
     the metrics when MDR proposes that many songs and the run ranks only those
     (``evaluate.two_stage_ranks``), with ``candidates`` and ``proposed`` (the share of held-out
-    songs MDR proposed). MDR is a fusion run's own part, else the run named ``mdr``."""
+    songs MDR proposed). MDR is a fusion run's own part, else the run named ``mdr``.
+    ``compile``: see ``evaluate_model``."""
     from masr.evaluate import evaluate_model
     from masr.sampling import TrainingIndex
     from masr.train import resolve_device
@@ -90,6 +92,7 @@ def evaluate_runs(
             index=index,
             full_sample=full_sample,
             sample_seed=sample_seed,
+            compile=compile,
         )
 
     for run in run_order(wanted):

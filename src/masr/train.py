@@ -327,8 +327,9 @@ def train_model(
     ``run_dir`` receives ``best.pt`` (the best validation epoch) and ``last.pt`` (every epoch,
     with optimiser and RNG state); ``resume`` is a loaded ``last.pt`` to continue from;
     ``extras`` is stored in both checkpoints. ``compile``: on a CPU, the model's training
-    forward pass through ``torch.compile`` where it has one (``Recommender.compile_training``;
-    the same computation up to float rounding; off with $MASR_COMPILE=0). The model ends
+    scores (training steps and per-epoch validation) through ``torch.compile`` where it has
+    them (``Recommender.compile_scores``; the same computation up to float rounding; off with
+    $MASR_COMPILE=0). The model ends
     holding its best weights."""
     if not model.trainable:
         raise MasrError(f"--model {model.name}: not trained by gradient descent (it has fit())")
@@ -344,10 +345,9 @@ def train_model(
     index = TrainingIndex.from_data(data, device)
     model.to(device)
     sparse_before = _set_sparse(model, config.sparse)
-    from masr.compiled import compile_allowed
+    from masr.compiled import compile_scores
 
-    compiled = compile and device.type == "cpu" and compile_allowed()
-    compiled = compiled and model.compile_training(True)
+    compiled = compile_scores(model, compile, device)
     # eq. 21 per batch: sum of the batch's losses + lambda * ||theta||^2; the loop minimises
     # the batch *mean*, so the L2 gradient 2 * lambda * theta is divided by the batch size
     # (Adam's coupled weight decay, as the reference's weight_decay with its summed loss).
@@ -536,7 +536,7 @@ def train_model(
         for module, flag in sparse_before.items():
             module.sparse = flag
         if compiled:
-            model.compile_training(False)
+            model.compile_scores(False)
 
     # leave the model holding its best weights (rank 0 wrote them: wait for it)
     barrier()

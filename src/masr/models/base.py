@@ -126,9 +126,10 @@ class Recommender(nn.Module):
     def after_step(self) -> None:
         """Called after every optimiser step (CML clips norms here). Default: nothing."""
 
-    def compile_training(self, on: bool) -> bool:
-        """Switch the training forward pass to a ``torch.compile``d one (``masr.compiled``),
-        or back; True where the model has one (MASS's shared-negative scores). Default: none."""
+    def compile_scores(self, on: bool) -> bool:
+        """Switch the model's GEMM-form scores to a ``torch.compile``d version
+        (``masr.compiled``), or back; True where the model has one (MASS: the shared-negative
+        scores of training and the full ranking of validation and evaluation). Default: none."""
         return False
 
     def embedding_tables(self) -> set[str]:

@@ -123,6 +123,10 @@ class MASR(Recommender):
         """The frozen parts (MDR, MASS) that eq. 20 weights by α and 1 - α."""
         return self.mdr, self.mass
 
+    def compile_scores(self, on: bool) -> bool:
+        """Its MASS part's compiled scores (MDR's full ranking is one GEMM already)."""
+        return self.mass.compile_scores(on)
+
     def train(self, mode: bool = True) -> MASR:
         """MASR is never trained: its parts always run in eval mode (no dropout)."""
         return super().train(False)

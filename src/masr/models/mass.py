@@ -228,7 +228,7 @@ class MASS(Recommender):
 
     def __init__(self, config: MASSConfig, n_users: int, n_playlists: int, n_songs: int):
         super().__init__(config, n_users, n_playlists, n_songs)
-        self._compiled_scores: Any = None  # compile_training(True): a masr.compiled.Compiled
+        self._compiled_scores: Any = None  # compile_scores(True): a masr.compiled.Compiled
         d = config.dim
         has_u, has_p = config.context != "playlist", config.context != "user"
         n_ctx = int(has_u) + int(has_p)  # context vectors in the query input [c; s_k]
@@ -415,11 +415,16 @@ class MASS(Recommender):
         side = self._member_side(members, member_mask)
         a_out, a_att = self._context_side(u, u_att)
         att_table = self._att_songs().weight if self.att_query is not None else None
+        # the compiled scorer where training switched it on (its per-epoch validation; inductor
+        # fuses the softmin, product and sum of eqs. 17-19 over the (G, Vc, RL) terms), never
+        # while tracing (ONNX export): the same values up to float rounding
+        tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+        scores = None if tracing else self._compiled_scores
         out = []
         for start in range(0, self.n_songs, chunk):
             stop = min(start + chunk, self.n_songs)
             out.append(
-                self._grouped_scores(
+                (scores or self._grouped_scores)(
                     side,
                     a_out,
                     a_att,
@@ -476,7 +481,7 @@ class MASS(Recommender):
         )  # (B, N, 1)
         return scores.squeeze(-1)
 
-    def compile_training(self, on: bool) -> bool:
+    def compile_scores(self, on: bool) -> bool:
         from masr.compiled import Compiled
 
         self._compiled_scores = Compiled(self._grouped_scores, "MASS scores") if on else None

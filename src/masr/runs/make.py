@@ -288,6 +288,7 @@ def _valid_metrics(
         device=device,
         full_sample=options.train.valid_sample,
         sample_seed=options.train.seed,
+        compile=options.compile,
     )
 
 
