@@ -426,6 +426,7 @@ def test_compiled_full_ranking_gives_the_eager_ranks(
     compiled scores ranks as eagerly (up to float rounding), and leaves the model eager."""
     import shutil
 
+    from masr.compiled import compile_scores
     from masr.evaluate import full_ranks
     from masr.models.masr import MASR
     from masr.models.mass import MASS, MASSConfig
@@ -444,8 +445,6 @@ def test_compiled_full_ranking_gives_the_eager_ranks(
     mass = fused.mass  # (its own copy of the part)
     index = TrainingIndex.from_data(planted, "cpu")
     eager = full_ranks(fused.eval(), planted.valid, index)
-    from masr.compiled import compile_scores
-
     assert compile_scores(fused, True, "cpu")
     wrapper = mass._compiled_scores
     compiled = full_ranks(fused, planted.valid, index)

@@ -326,11 +326,10 @@ def train_model(
 
     ``run_dir`` receives ``best.pt`` (the best validation epoch) and ``last.pt`` (every epoch,
     with optimiser and RNG state); ``resume`` is a loaded ``last.pt`` to continue from;
-    ``extras`` is stored in both checkpoints. ``compile``: on a CPU, the model's training
-    scores (training steps and per-epoch validation) through ``torch.compile`` where it has
-    them (``Recommender.compile_scores``; the same computation up to float rounding; off with
-    $MASR_COMPILE=0). The model ends
-    holding its best weights."""
+    ``extras`` is stored in both checkpoints. ``compile``: on a CPU, the model's scores
+    (training steps and per-epoch validation) through ``torch.compile`` where it has them
+    (``Recommender.compile_scores``; the same computation up to float rounding; off with
+    $MASR_COMPILE=0). The model ends holding its best weights."""
     if not model.trainable:
         raise MasrError(f"--model {model.name}: not trained by gradient descent (it has fit())")
     device = torch.device(device)

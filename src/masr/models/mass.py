@@ -415,16 +415,12 @@ class MASS(Recommender):
         side = self._member_side(members, member_mask)
         a_out, a_att = self._context_side(u, u_att)
         att_table = self._att_songs().weight if self.att_query is not None else None
-        # the compiled scorer where training switched it on (its per-epoch validation; inductor
-        # fuses the softmin, product and sum of eqs. 17-19 over the (G, Vc, RL) terms), never
-        # while tracing (ONNX export): the same values up to float rounding
-        tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-        scores = None if tracing else self._compiled_scores
+        scores = self._scorer()
         out = []
         for start in range(0, self.n_songs, chunk):
             stop = min(start + chunk, self.n_songs)
             out.append(
-                (scores or self._grouped_scores)(
+                scores(
                     side,
                     a_out,
                     a_att,
@@ -475,11 +471,20 @@ class MASS(Recommender):
         (``songs`` (B, 1)), by ``_grouped_scores`` (compiled where on)."""
         side, a_out, a_att = rows
         s_att = self._att_songs()(songs) if self.att_query is not None else None
-        compiled = self._compiled_scores if self.training else None
-        scores = (compiled or self._grouped_scores)(
+        scores = self._scorer()(
             side, a_out, a_att, self.song_emb(songs), s_att, self.song_bias(songs)
         )  # (B, N, 1)
         return scores.squeeze(-1)
+
+    def _scorer(self) -> Any:
+        """``_grouped_scores``, or its compiled version while ``compile_scores`` has it on
+        (training steps, their validation, ``masr evaluate``: inductor fuses the softmin,
+        product and sum of eqs. 17-19), never while tracing for ONNX. Same values up to float
+        rounding."""
+        tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+        if tracing or self._compiled_scores is None:
+            return self._grouped_scores
+        return self._compiled_scores
 
     def compile_scores(self, on: bool) -> bool:
         from masr.compiled import Compiled
