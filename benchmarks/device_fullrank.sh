@@ -24,8 +24,9 @@ FULL_SAMPLE=${FULL_SAMPLE:-3000}
 DATA_SRC=${DATA_SRC:-../shared/data/aotm2011.csv.gz}
 DATA=$WORK/data
 CHAIN=${CHAIN:-$WORK/chain}
-# e.g. "--dim 128": one change to the recipe, same budget; the next pass the CPU evidence asks
-# for (docs/training.md, The AMDR phase at d = 256): CHAIN_ARGS="--dim 256 --adv-lr 3e-4"
+# e.g. "--dim 128": one change to the recipe, same budget. CHAIN_ARGS="--dim 256 --adv-lr 3e-4"
+# with TIME_LIMIT=180 PARALLEL=1 ran in 438 s on an H200 (docs/training.md, The whole chain at
+# d = 256); DATA_SRC must be a path inside the checkout there (../shared does not travel)
 CHAIN_ARGS=${CHAIN_ARGS:-}
 SPEED_SECONDS=6
 if [ "${DRY:-0}" = 1 ]; then DEVICE=cpu TL=2 FULL_SAMPLE=300 SPEED_SECONDS=1; fi
