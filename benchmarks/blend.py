@@ -7,8 +7,9 @@
 learned ones on the long tail, item-kNN on the popular ones). This measures what one blend of
 the two would give, on the same seeded full-ranking cases as ``masr evaluate --full-sample``
 and the per-epoch validation: each run's distances to every catalog song are standardised per
-case (z-scores over the songs that compete, i.e. outside the playlist's training songs) and
-mixed as W · z_first + (1 − W) · z_second, then ranked as ``masr evaluate`` ranks (ties against
+case (``--method z``: z-scores over the catalog) or turned into reciprocal ranks (``--method
+rrf``: −1 / (60 + rank), reciprocal rank fusion) and mixed as W · first + (1 − W) · second,
+then ranked as ``masr evaluate`` ranks (ties against
 the held-out song). It also prints how many cases each run alone gets right, both, or neither.
 A research measurement on the validation split (the test split is for final figures only), not
 a scoring path of the product.
@@ -43,20 +44,36 @@ def standardised(dist: torch.Tensor) -> torch.Tensor:
     return torch.where(finite, z, torch.full_like(dist, float("inf")))
 
 
-class Blend:
-    """Two models' standardised distances mixed with ``weight`` on the first: what
-    ``full_ranks`` reads of a model (``uses_members``, ``full_distance``), nothing else."""
+#: reciprocal rank fusion's constant (Cormack et al. 2009)
+RRF_K = 60.0
 
-    def __init__(self, first: object, second: object, weight: float) -> None:
+
+def reciprocal_ranks(dist: torch.Tensor, k: float = RRF_K) -> torch.Tensor:
+    """Per-row −1 / (k + rank) of ``dist`` (B, V) (rank 1 = nearest; ties broken by position):
+    reciprocal rank fusion's term, negated so that lower is better like a distance."""
+    ranks = torch.empty_like(dist)
+    order = dist.argsort(dim=1, stable=True)
+    positions = torch.arange(1, dist.shape[1] + 1, dtype=dist.dtype, device=dist.device)
+    ranks.scatter_(1, order, positions.expand_as(dist).contiguous())
+    return -1.0 / (k + ranks)
+
+
+class Blend:
+    """Two models' distances mixed with ``weight`` on the first, after turning each into
+    z-scores (``method`` "z") or reciprocal ranks ("rrf"): what ``full_ranks`` reads of a
+    model (``uses_members``, ``full_distance``), nothing else."""
+
+    def __init__(self, first: object, second: object, weight: float, method: str = "z") -> None:
         self.first, self.second, self.weight = first, second, weight
+        self.transform = standardised if method == "z" else reciprocal_ranks
         self.uses_members = first.uses_members or second.uses_members
 
     def full_distance(self, batch: object) -> torch.Tensor:
         a = self.first.full_distance(batch)
         b = self.second.full_distance(batch)
-        # the playlist's own songs are excluded by full_ranks afterwards; standardise over all
-        # songs here (the handful of members barely moves a mean over ~64K songs)
-        return self.weight * standardised(a) + (1.0 - self.weight) * standardised(b)
+        # the playlist's own songs are excluded by full_ranks afterwards; transform over all
+        # songs here (the handful of members barely moves a mean or a rank over ~64K songs)
+        return self.weight * self.transform(a) + (1.0 - self.weight) * self.transform(b)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", action="append", required=True, metavar="RUNS_DIR:NAME")
     parser.add_argument("--weight", action="append", type=float, default=[], metavar="W",
                         help="weight of the first run in the blend; repeatable (default 0.5)")
+    parser.add_argument("--method", action="append", choices=["z", "rrf"], default=[],
+                        help="z-scores or reciprocal ranks (k 60) before mixing; repeatable "
+                        "(default z)")
     parser.add_argument("--split", default="valid", choices=["valid", "test"])
     parser.add_argument("--full-sample", type=int, default=2000, help="cases (0 = all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the case draw")
@@ -104,11 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         },
         "blend hit@10": {},
     }
-    for w in weights:
-        blend_ranks = np.asarray(full_ranks(Blend(models[0], models[1], w), cases, index))
-        out["blend hit@10"][f"{w:g}"] = float((blend_ranks < 10).mean())  # type: ignore[index]
-        print(f"blend {w:g} · {names[0]} + {1 - w:g} · {names[1]}: full hit@10 "
-              f"{(blend_ranks < 10).mean():.4f}", file=sys.stderr)
+    for method in args.method or ["z"]:
+        for w in weights:
+            blended = Blend(models[0], models[1], w, method)
+            blend_ranks = np.asarray(full_ranks(blended, cases, index))
+            key = f"{w:g}" if method == "z" else f"{method} {w:g}"
+            out["blend hit@10"][key] = float((blend_ranks < 10).mean())  # type: ignore[index]
+            print(f"blend ({method}) {w:g} · {names[0]} + {1 - w:g} · {names[1]}: full hit@10 "
+                  f"{(blend_ranks < 10).mean():.4f}", file=sys.stderr)
     print(json.dumps(out, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -69,15 +69,28 @@ def test_script_on_two_trained_runs(blend, planted_dir: Path, tmp_path: Path) ->
     out = tmp_path / "blend.json"
     assert blend.main(["--data", str(planted_dir), "--run", f"{runs}:itemknn", "--run",
                        f"{runs}:pop", "--weight", "1", "--weight", "0.5", "--full-sample", "0",
-                       "--json", str(out)]) == 0
+                       "--method", "z", "--method", "rrf", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     data = load_prepared(planted_dir)
     model, _ = load_run(runs, "itemknn", data)
     knn = evaluate_model(model, data, "valid", protocols=("full",))["full"]["hit@10"]
     assert got["hit@10"]["itemknn"] == pytest.approx(knn)  # the same ranks as masr evaluate
     assert got["blend hit@10"]["1"] == pytest.approx(knn)  # weight 1: the first run alone
+    assert 0.0 <= got["blend hit@10"]["rrf 0.5"] <= 1.0
     overlap = got["overlap"]
     assert overlap["both"] + overlap["itemknn only"] == pytest.approx(knn)
     assert overlap["either"] == pytest.approx(
         overlap["both"] + overlap["itemknn only"] + overlap["pop only"]
     )
+
+
+def test_reciprocal_ranks_against_a_loop(blend) -> None:
+    import torch
+
+    row = [0.3, -1.0, 2.0, 0.5]
+    got = blend.reciprocal_ranks(torch.tensor([row]), k=60.0)[0].tolist()
+    order = sorted(range(len(row)), key=lambda i: row[i])
+    want = [0.0] * len(row)
+    for rank, i in enumerate(order, start=1):
+        want[i] = -1.0 / (60.0 + rank)
+    assert got == pytest.approx(want)
