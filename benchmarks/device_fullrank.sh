@@ -27,6 +27,8 @@ CHAIN=${CHAIN:-$WORK/chain}
 # e.g. "--dim 128": one change to the recipe, same budget. CHAIN_ARGS="--dim 256 --adv-lr 3e-4"
 # with TIME_LIMIT=180 PARALLEL=1 ran in 438 s on an H200 (docs/training.md, The whole chain at
 # d = 256); DATA_SRC must be a path inside the checkout there (../shared does not travel)
+# (e.g. .aotm/, excluded from git and named in the call's carry). The next pass by that evidence:
+# CHAIN_ARGS="--dim 256 --adv-lr 1e-4" (AMASS at d = 256 peaked at its first APR epoch at 3e-4)
 CHAIN_ARGS=${CHAIN_ARGS:-}
 SPEED_SECONDS=6
 if [ "${DRY:-0}" = 1 ]; then DEVICE=cpu TL=2 FULL_SAMPLE=300 SPEED_SECONDS=1; fi
