@@ -27,8 +27,10 @@ import torch
 
 from masr.dataset import load_prepared
 from masr.evaluate import full_ranks, subsample_cases
-from masr.runs.store import load_run
 from masr.sampling import TrainingIndex
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from by_popularity import load_named_run  # noqa: E402  (a sibling script, not a package)
 
 
 def standardised(dist: torch.Tensor) -> torch.Tensor:
@@ -103,11 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     index = TrainingIndex.from_data(data, torch.device("cpu"))
     models, names = [], []
     for spec in args.run:
-        runs_dir, _, name = spec.rpartition(":")
-        if not runs_dir:
-            parser.error(f"--run {spec}: give RUNS_DIR:NAME")
-        model, _ = load_run(Path(runs_dir), name, data, "cpu")
-        model.eval()
+        try:
+            name, model = load_named_run(spec, data)
+        except ValueError as err:
+            parser.error(str(err))
         models.append(model)
         names.append(name)
 

@@ -68,6 +68,17 @@ class WithPrior:
         return self.model.full_distance(batch) - self.weight * self.log_pop
 
 
+def load_named_run(spec: str, data: object) -> tuple[str, object]:
+    """(name, model in eval mode on the CPU) of ``--run RUNS_DIR:NAME``; ValueError when the
+    spec has no runs directory."""
+    runs_dir, _, name = spec.rpartition(":")
+    if not runs_dir:
+        raise ValueError(f"--run {spec}: give RUNS_DIR:NAME")
+    model, _ = load_run(Path(runs_dir), name, data, "cpu")
+    model.eval()
+    return name, model
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="prepared data directory (masr prep)")
@@ -92,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     table: dict[str, dict[str, float]] = {"share of cases": dict(zip(labels, share, strict=True))}
     overall: dict[str, float] = {}
     for spec in args.run:
-        runs_dir, _, name = spec.rpartition(":")
-        if not runs_dir:
-            parser.error(f"--run {spec}: give RUNS_DIR:NAME")
-        model, _ = load_run(Path(runs_dir), name, data, "cpu")
-        model.eval()
+        try:
+            name, model = load_named_run(spec, data)
+        except ValueError as err:
+            parser.error(str(err))
+        runs_dir = spec.rpartition(":")[0]
         for weight in (0.0, *args.prior):
             ranks = full_ranks(WithPrior(model, weight, log_pop) if weight else model, cases, index)
             label = f"{name} ({runs_dir})" + (f" - {weight:g} log pop" if weight else "")
