@@ -24,10 +24,19 @@ def command(
     ] = Path("results"),
     time_limit: Annotated[
         float,
-        typer.Option(help="Seconds per run: a run stops after the first epoch that passes it."),
+        typer.Option(
+            help="Seconds of training and validation per run, checked at every step; "
+            "0 = no limit (every run then ends by --patience or --epochs)."
+        ),
     ] = _R.time_limit,
     epochs: Annotated[int, typer.Option(help="BPR epochs per run at most.")] = _R.epochs,
     adv_epochs: Annotated[int, typer.Option(help="APR epochs per run at most.")] = _R.adv_epochs,
+    patience: Annotated[
+        int,
+        typer.Option(
+            help="Stop a run after this many epochs without a better validation; 0 = never."
+        ),
+    ] = _R.patience,
     dims: Annotated[
         str, typer.Option(help="Figure 5's embedding sizes, comma-separated.")
     ] = ",".join(map(str, _R.dims)),
@@ -63,6 +72,8 @@ def command(
       masr prep --out data
 
       masr reproduce --data data --out results --time-limit 300
+
+      masr reproduce --data aotm --out paper --time-limit 0 --epochs 120 --patience 10
     """
     from masr.reproduce import reproduce
 
@@ -70,6 +81,7 @@ def command(
         time_limit=time_limit,
         epochs=epochs,
         adv_epochs=adv_epochs,
+        patience=patience,
         dims=_dims(dims),
         dim_chain=dim_chain,
         full_sample=full_sample,

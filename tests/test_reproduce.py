@@ -71,7 +71,8 @@ def test_analyze_attention_and_speed_on_tiny_runs(planted_dir: Path, tmp_path: P
 def test_reproduce_end_to_end_then_reuses_every_run(planted_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "results"
     args = ["reproduce", "--data", str(planted_dir), "--out", str(out), "--time-limit", "5",
-            "--epochs", "1", "--adv-epochs", "1", "--dims", "8,64", "--no-baselines",
+            "--epochs", "1", "--adv-epochs", "1", "--patience", "2", "--dims", "8,64",
+            "--no-baselines",
             "--device", "cpu", "--attention-cases", "0"]
     _invoke(args)
     for name in ("table2", "table3", "table4", "apr_noise", "fig5_dims", "fig6_attention",
@@ -93,6 +94,23 @@ def test_reproduce_end_to_end_then_reuses_every_run(planted_dir: Path, tmp_path:
     assert {"mdr", "mass", "amdr", "amass", "mdr_us", "mass_ps"} <= set(speed)
     report = (out / "report.md").read_text()
     assert "## Table 3" in report and "MASS_ups" in report and "## Figure 7" in report
+    assert "5 s per run" in report and "patience 2" in report
+    run = json.loads((out / "runs" / "main" / "mdr" / "run.json").read_text())
+    assert run["train_config"]["patience"] == 2  # --patience reaches every run
     # a second reproduce reuses every run: nothing is trained again
     second = _invoke(args)
     assert "trained" not in second and "reused" in second
+
+
+def test_reproduce_budget_options() -> None:
+    from masr.config import ReproduceConfig
+    from masr.errors import MasrError
+
+    assert ReproduceConfig(time_limit=0, patience=0).time_limit == 0  # no limit, no early stop
+    with pytest.raises(MasrError, match="--patience"):
+        ReproduceConfig(patience=-1)
+    with pytest.raises(MasrError, match="--time-limit"):
+        ReproduceConfig(time_limit=-1)
+    result = runner.invoke(app, ["reproduce", "--patience", "-1"])
+    assert result.exit_code != 0 and "--patience" in result.output + result.stderr
+    assert "Traceback" not in result.output + result.stderr

@@ -434,12 +434,14 @@ REPRODUCE_APR = (("flexible", 0.5), ("fixed", 0.5), ("fixed", 1.0))
 
 @dataclass
 class ReproduceConfig:
-    """What ``masr reproduce`` runs: every run gets ``time_limit`` seconds (checked after each
-    epoch) and at most ``epochs`` BPR / ``adv_epochs`` APR epochs."""
+    """What ``masr reproduce`` runs: every run gets ``time_limit`` seconds of training and
+    validation (checked at every step; 0 = no limit), at most ``epochs`` BPR / ``adv_epochs``
+    APR epochs, and stops after ``patience`` epochs without a better validation (0 = never)."""
 
-    time_limit: float = 300.0  # seconds per run (--time-limit)
+    time_limit: float = 300.0  # seconds per run (--time-limit); 0 = no limit
     epochs: int = 50  # BPR epochs per run at most
     adv_epochs: int = 50  # APR epochs per run at most
+    patience: int = 5  # early stopping of every run (--patience), TrainConfig's default
     dims: tuple[int, ...] = REPRODUCE_DIMS  # Figure 5's embedding sizes
     #: Figure 5's chain at each size: "masr" (mdr, mass and their fusion) or "amasr" (+ APR)
     dim_chain: str = "masr"
@@ -453,9 +455,10 @@ class ReproduceConfig:
         self.dims = tuple(int(d) for d in self.dims)
         _raise_first(
             [
-                ("--time-limit", self.time_limit > 0, "must be > 0 seconds"),
+                ("--time-limit", self.time_limit >= 0, "must be >= 0 seconds (0 = no limit)"),
                 ("--epochs", self.epochs >= 1, "must be >= 1"),
                 ("--adv-epochs", self.adv_epochs >= 1, "must be >= 1"),
+                ("--patience", self.patience >= 0, "must be >= 0 (0 = never stop early)"),
                 ("--dims", bool(self.dims) and min(self.dims) >= 1, "must be sizes >= 1"),
                 ("--dim-chain", self.dim_chain in ("masr", "amasr"), "must be masr or amasr"),
                 ("--full-sample", self.full_sample >= 0, "must be >= 0 (0 = every case)"),

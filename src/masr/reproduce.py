@@ -72,7 +72,12 @@ def reproduce(
     data, out = load_prepared(data_dir), Path(out)
     runs = out / "runs"
     base = RunOptions(
-        train=TrainConfig(epochs=config.epochs, time_limit=config.time_limit, seed=config.seed),
+        train=TrainConfig(
+            epochs=config.epochs,
+            time_limit=config.time_limit,
+            patience=config.patience,
+            seed=config.seed,
+        ),
         adversarial=AdversarialConfig(epochs=config.adv_epochs),
         device=config.device,
     )
@@ -283,8 +288,10 @@ def _write_report(
     lines = [
         "# masr reproduce",
         "",
-        f"Data: `{data_path}`. Budget: {config.time_limit:g} s per run, at most "
-        f"{config.epochs} BPR / {config.adv_epochs} APR epochs, device {config.device}, "
+        f"Data: `{data_path}`. Budget: "
+        + (f"{config.time_limit:g} s per run" if config.time_limit else "no time limit")
+        + f", at most {config.epochs} BPR / {config.adv_epochs} APR epochs, patience "
+        f"{config.patience}, device {config.device}, "
         f"seed {config.seed}. Test split; sampled = the held-out song against its stored "
         "negatives, full = against every catalog song outside the playlist"
         + (f" ({config.full_sample} cases)." if config.full_sample else "."),
