@@ -73,7 +73,7 @@ def command(
 
       masr reproduce --data data --out results --time-limit 300
 
-      masr reproduce --data aotm --out paper --time-limit 0 --epochs 120 --patience 10
+      masr reproduce --data aotm --time-limit 0 --patience 10
     """
     from masr.reproduce import reproduce
 
