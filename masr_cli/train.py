@@ -249,7 +249,9 @@ def command(
         typer.Option(
             "--resume",
             help="Continue interrupted runs from their last finished epoch (last.pt); --epochs, "
-            "--adv-epochs and --patience may be raised, other options must match.",
+            "--adv-epochs, --patience and --time-limit may be raised, other options must "
+            "match. An APR run whose pre-trained start then finds a better epoch starts again "
+            "from it.",
         ),
     ] = False,
 ) -> None:

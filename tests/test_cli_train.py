@@ -133,6 +133,35 @@ def test_resume_continues_a_run(tmp_path: Path) -> None:
     _fails([*args, "--epochs", "4", "--lr", "0.5", "--resume"], "cannot --resume", "lr")
 
 
+def test_resume_restarts_apr_when_its_start_found_a_better_epoch(tmp_path: Path) -> None:
+    """Raising --epochs on --resume lets MDR train on; when that moves MDR's best epoch, the
+    AMDR run that began from MDR's old best starts again from the new one (a resumed AMDR
+    would claim a start it was not trained from)."""
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    args = ["train", "--model", "amdr", "--data", str(data), "--runs", str(runs)]
+    fast = ["--batch-size", "32", "--lr", "0.02", "--dim", "8", "--patience", "0"]
+    _ok([*args, *fast, "--epochs", "1", "--adv-epochs", "2"])
+
+    def info(run: str) -> dict:
+        return json.loads((runs / run / "run.json").read_text())
+
+    assert info("amdr")["start_epochs"] == {"mdr": 1}
+    result = _ok([*args, "--epochs", "4", "--adv-epochs", "2", "--resume"])
+    best = info("mdr")["best"]["epoch"]
+    assert [h["epoch"] for h in info("mdr")["history"]] == [1, 2, 3, 4]
+    assert best > 1  # the planted data keeps MDR improving past its first epoch
+    assert "starting it again" in result.stderr
+    assert info("amdr")["start_epochs"] == {"mdr": best}
+    assert [h["epoch"] for h in info("amdr")["history"]] == [1, 2]  # a fresh APR phase
+    # nothing moved: a second resume with a raised --adv-epochs continues AMDR
+    result = _ok([*args, "--epochs", "4", "--adv-epochs", "3", "--resume"])
+    assert "starting it again" not in result.stderr
+    assert [h["epoch"] for h in info("amdr")["history"]] == [1, 2, 3]
+
+
 def test_adv_lr_is_the_apr_phase_learning_rate(tmp_path: Path) -> None:
     from conftest import write_planted
 

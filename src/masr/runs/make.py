@@ -179,6 +179,17 @@ def _build(
             f"{run_dir / 'last.pt'}: cannot --resume, made with other data or options "
             f"({', '.join(changed[:4]) or 'unknown'}); pass the same options or drop --resume"
         )
+    # the parts an APR or pre-trained run starts from, by their best epochs: a part that went
+    # on training (a raised --epochs or --time-limit) and found a better epoch invalidates the
+    # run that started from its old best, which then starts again rather than resume
+    start_epochs = _start_epochs(runs_dir, spec)
+    recorded = (info or {}).get("start_epochs")
+    if can_resume and recorded is not None and recorded != start_epochs:
+        log(
+            f"{run}: {', '.join(start_epochs or {})} changed since this run began (best epochs "
+            f"{recorded} -> {start_epochs}); starting it again from the new best"
+        )
+        can_resume = False
     if can_resume:
         resume_state = load_checkpoint(run_dir / "last.pt")
         model = build_model(resume_state, device)
@@ -209,6 +220,7 @@ def _build(
         "train_config": train_cfg.to_dict(),
         "adversarial": adversarial.to_dict() if adversarial else None,
         "start_from": spec.start_from or (list(spec.parts) or None),
+        "start_epochs": start_epochs,
         "data": {"path": str(data.path), "fingerprint": data.fingerprint},
         "device": str(device),
         "options": options.to_dict(),
@@ -257,6 +269,21 @@ def _build(
         result.seconds,
         result.extra.get("best_valid_full", {}),
     )
+
+
+def _start_epochs(runs_dir: Path, spec: Any) -> dict[str, Any] | None:
+    """{part: its best epoch} of the runs an APR (``start_from``) or pre-trained (``parts``)
+    run starts from; None for a run that starts from nothing."""
+    if spec.procedure == "apr":
+        parts = [spec.start_from or ""]
+    elif spec.procedure == "pretrained":
+        parts = list(spec.parts)
+    else:
+        return None
+    return {
+        part: (read_run_json(runs_dir / part) or {}).get("best", {}).get("epoch")
+        for part in parts
+    }
 
 
 def _load_part(
