@@ -117,3 +117,14 @@ def planted_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def planted(planted_dir: Path) -> PreparedData:
     return load_prepared(planted_dir)
+
+
+def load_benchmark(name: str):
+    """A script of benchmarks/ imported as a module (they are scripts, not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "blend.py"
-
 
 @pytest.fixture(scope="module")
 def blend():
-    spec = importlib.util.spec_from_file_location("blend", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from conftest import load_benchmark
+
+    return load_benchmark("blend")
 
 
 def test_standardised_against_a_loop(blend) -> None:

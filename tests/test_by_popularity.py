@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "by_popularity.py"
-
 
 @pytest.fixture(scope="module")
 def bypop():
-    spec = importlib.util.spec_from_file_location("by_popularity", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from conftest import load_benchmark
+
+    return load_benchmark("by_popularity")
 
 
 def test_bins_cover_every_count_once(bypop) -> None:

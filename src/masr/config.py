@@ -441,7 +441,7 @@ class ReproduceConfig:
     time_limit: float = 300.0  # seconds per run (--time-limit); 0 = no limit
     epochs: int = 50  # BPR epochs per run at most
     adv_epochs: int = 50  # APR epochs per run at most
-    patience: int = 5  # early stopping of every run (--patience), TrainConfig's default
+    patience: int = TrainConfig.patience  # early stopping of every run (--patience)
     dims: tuple[int, ...] = REPRODUCE_DIMS  # Figure 5's embedding sizes
     #: Figure 5's chain at each size: "masr" (mdr, mass and their fusion) or "amasr" (+ APR)
     dim_chain: str = "masr"
