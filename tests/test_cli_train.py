@@ -185,6 +185,30 @@ def test_adv_lr_is_the_apr_phase_learning_rate(tmp_path: Path) -> None:
     _fails([*args, "--adv-lr", "0"], "--adv-lr")
 
 
+def test_time_limit_keeps_room_for_validation_and_says_when_it_cuts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conftest import write_planted
+
+    import masr.train as train
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    # a validation "estimated" at 1 s + 1,000 s does not fit a quarter of 60 s: cut to the
+    # floor, 10 of 36 cases, still 1 + 278 s: the room kept for it ends the epoch at one step
+    monkeypatch.setattr(train, "estimate_validation", lambda *args, **kw: (1.0, 1000.0))
+    monkeypatch.setattr(train, "MIN_VALID_SAMPLE", 10)
+    result = _ok(["train", "--model", "masr", "--data", str(data), "--runs", str(runs), *TINY,
+                  "--time-limit", "60", "--valid-sample", "0"])
+    assert "ranking 36 validation cases against the whole catalog" in result.stderr
+    assert "ranking 10 instead" in result.stderr
+    for part in ("mdr", "mass"):
+        info = json.loads((runs / part / "run.json").read_text())
+        assert info["train_config"]["valid_sample"] == 10
+        assert info["stopped_by_time_limit"] is True
+        assert info["history"][0]["steps"].startswith("1/")
+
+
 def test_time_limit_is_a_budget_per_run(tmp_path: Path) -> None:
     from conftest import write_planted
 

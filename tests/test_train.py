@@ -410,3 +410,75 @@ def test_configs_are_checked_when_made() -> None:
         RunOptions(alpha=1.5)
     with pytest.raises(MasrError, match="--noise"):
         AdversarialConfig(noise="loud")
+
+
+def test_fit_validation_keeps_a_quarter_of_the_budget_for_validation() -> None:
+    from masr.train import MIN_VALID_SAMPLE, VALID_SHARE, fit_validation
+
+    limited = TrainConfig(time_limit=400.0)
+    assert VALID_SHARE * limited.time_limit == 100.0
+    assert fit_validation(TrainConfig(), 50.0, 5000.0, 2000) == 2000  # no limit: as asked
+    assert fit_validation(limited, 20.0, 80.0, 2000) == 2000  # fits in 100 s
+    assert fit_validation(limited, 20.0, 160.0, 2000) == 1000  # 80 s left for 160 s of 2000
+    assert fit_validation(limited, 120.0, 160.0, 2000) == MIN_VALID_SAMPLE  # floor
+    assert fit_validation(limited, 20.0, 1600.0, 150) == 150  # never more than asked
+
+
+def test_estimate_validation_times_both_protocols(planted: PreparedData) -> None:
+    from masr.sampling import TrainingIndex
+    from masr.train import estimate_validation
+
+    model = _dot(planted)
+    model.train()
+    sampled, full = estimate_validation(
+        model, planted, TrainingIndex.from_data(planted), TrainConfig(valid_sample=0)
+    )
+    assert 0 < sampled < 60 and 0 < full < 60
+    assert model.training  # left as it was
+
+
+def test_a_time_limited_run_cuts_its_validation_to_fit(
+    planted: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import masr.train as train
+    from masr.models.mdr import MDR, MDRConfig
+
+    def mdr() -> MDR:
+        return MDR(MDRConfig(dim=8), planted.n_users, planted.n_playlists, planted.n_songs)
+
+    MIN_VALID_SAMPLE = 10  # the planted data has few validation cases: a lower floor
+    monkeypatch.setattr(train, "MIN_VALID_SAMPLE", MIN_VALID_SAMPLE)
+    assert len(planted.valid) > MIN_VALID_SAMPLE
+    # validation "takes" 1 s (sampled) + 100 s (full ranking of every case): more than a
+    # quarter of a 60 s budget, so the full ranking keeps the floor's cases, and the first
+    # epoch keeps room for them
+    monkeypatch.setattr(train, "estimate_validation", lambda *args, **kw: (1.0, 100.0))
+    logs: list[str] = []
+    config = TrainConfig(epochs=2, patience=0, time_limit=60.0, valid_sample=0, **FAST)
+    result = train_model(mdr(), planted, config, run_dir=tmp_path, log=logs.append)
+    assert result.extra["valid_sample"] == MIN_VALID_SAMPLE
+    assert len(logs) == 1 and f"ranking {MIN_VALID_SAMPLE:,} instead" in logs[0]
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last["train_config"]["valid_sample"] == MIN_VALID_SAMPLE
+    # --resume validates on the same cases, whatever the options say
+    more = train_model(
+        mdr(), planted, TrainConfig(epochs=3, patience=0, valid_sample=0, **FAST),
+        run_dir=tmp_path, resume=last,
+    )
+    assert more.extra["valid_sample"] == MIN_VALID_SAMPLE and len(more.history) == 3
+    # without a limit nothing is estimated or cut
+    plain = train_model(_dot(planted), planted, TrainConfig(epochs=1, valid_sample=0, **FAST))
+    assert plain.extra["valid_sample"] == 0
+
+
+def test_a_fusion_validates_on_the_fewest_cases_its_parts_ranked(tmp_path: Path) -> None:
+    from masr.runs.make import _parts_valid_sample
+    from masr.runs.store import write_run_json
+
+    for part, size in (("amdr", 2000), ("amass", 350)):
+        (tmp_path / part).mkdir()
+        write_run_json(tmp_path / part, {"train_config": {"valid_sample": size}})
+    assert _parts_valid_sample(tmp_path, ["amdr", "amass"], 2000) == 350
+    assert _parts_valid_sample(tmp_path, ["amdr"], 2000) == 2000
+    assert _parts_valid_sample(tmp_path, ["missing"], 500) == 500
+    assert _parts_valid_sample(tmp_path, ["amass"], 0) == 350  # 0 = every case, the most

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ from masr.distributed import (
     world,
 )
 from masr.errors import MasrError
-from masr.evaluate import better, evaluate_model
+from masr.evaluate import better, evaluate_model, full_ranks, sampled_ranks, subsample_cases
 from masr.models.base import Batch, Recommender
 from masr.sampling import (
     NegativeSampler,
@@ -293,6 +293,73 @@ def _sortish(
     return torch.cat([batches.flatten(), sorted_rows[full * b :]])
 
 
+#: a run with --time-limit keeps at most this share of its budget for one epoch's validation;
+#: when it would take more, the full-ranking validation ranks fewer cases (``fit_validation``)
+VALID_SHARE = 0.25
+#: ... but never fewer than this many (one standard error of a hit@10 near 0.05: ≈ 0.015)
+MIN_VALID_SAMPLE = 200
+
+
+def estimate_validation(
+    model: Recommender,
+    data: PreparedData,
+    index: TrainingIndex,
+    config: TrainConfig,
+    probe_sampled: int = 256,
+    probe_full: int = 32,
+) -> tuple[float, float]:
+    """Seconds one epoch's validation should take: (sampled protocol on every validation case,
+    full ranking on the ``config.valid_sample`` cases). Each protocol ranks a few of its cases
+    twice, the first time untimed (it pays any compiling, which the first validation would
+    pay otherwise), the second timed and scaled by the work: the case count, or for models
+    that read members the member slots (validation batches cases of similar lengths, while
+    the probe's few cases all pad to their longest)."""
+
+    def work(part: Any, padded: bool) -> float:
+        if not model.uses_members:
+            return float(len(part))
+        playlists = torch.as_tensor(part.playlist, dtype=torch.long, device=index.device)
+        lengths = index.lengths(playlists).clamp(min=1)
+        return float(lengths.max()) * len(part) if padded else float(lengths.sum())
+
+    cases = data.valid
+    full_cases = subsample_cases(cases, config.valid_sample, config.seed)
+    plan = (
+        (sampled_ranks, subsample_cases(cases, probe_sampled, config.seed + 1), cases),
+        (full_ranks, subsample_cases(full_cases, probe_full, config.seed + 1), full_cases),
+    )
+    was_training = model.training
+    model.eval()
+    estimates = []
+    try:
+        for rank, probe, every in plan:
+            if not len(probe):
+                estimates.append(0.0)
+                continue
+            rank(model, probe, index)
+            t0 = time.perf_counter()
+            rank(model, probe, index)
+            seconds = time.perf_counter() - t0
+            estimates.append(seconds * work(every, False) / work(probe, True))
+    finally:
+        model.train(was_training)
+    return estimates[0], estimates[1]
+
+
+def fit_validation(
+    config: TrainConfig, sampled_seconds: float, full_seconds: float, n_full: int
+) -> int:
+    """How many full-ranking validation cases a run with ``config.time_limit`` ranks per epoch:
+    ``n_full`` (its ``valid_sample``, all of them when 0), or fewer when one epoch's validation,
+    estimated at ``sampled_seconds`` + ``full_seconds``, would take more than ``VALID_SHARE``
+    of the limit (never fewer than ``MIN_VALID_SAMPLE``)."""
+    room = VALID_SHARE * config.time_limit
+    if not config.time_limit or sampled_seconds + full_seconds <= room or full_seconds <= 0:
+        return n_full
+    keep = int(n_full * max(room - sampled_seconds, 0.0) / full_seconds)
+    return min(n_full, max(MIN_VALID_SAMPLE, keep))
+
+
 def _rng_state(generator: torch.Generator) -> dict[str, Any]:
     state = {"torch": torch.get_rng_state(), "sampler": generator.get_state()}
     if torch.cuda.is_available():
@@ -321,6 +388,7 @@ def train_model(
     extras: dict[str, Any] | None = None,
     title: str | None = None,
     compile: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> TrainResult:
     """Train ``model`` in place with BPR (or APR when ``adversarial`` is given).
 
@@ -329,7 +397,13 @@ def train_model(
     ``extras`` is stored in both checkpoints. ``compile``: on a CPU, the model's scores
     (training steps and per-epoch validation) through ``torch.compile`` where it has them
     (``Recommender.compile_scores``; the same computation up to float rounding; off with
-    $MASR_COMPILE=0). The model ends holding its best weights."""
+    $MASR_COMPILE=0). The model ends holding its best weights.
+
+    With ``config.time_limit``, the first epoch keeps room for its validation, estimated
+    before training (``estimate_validation``; later epochs keep as long as the last validation
+    took), and when that validation would take more than ``VALID_SHARE`` of the limit, the
+    full-ranking validation ranks fewer cases (``fit_validation``; ``log`` says so, and
+    ``TrainResult.extra["valid_sample"]`` and the checkpoints' train config say how many)."""
     if not model.trainable:
         raise MasrError(f"--model {model.name}: not trained by gradient descent (it has fit())")
     device = torch.device(device)
@@ -369,6 +443,10 @@ def train_model(
         best_selected = best_full if config.select == "full" else best_valid
         bad_epochs, first_epoch = int(resume["bad_epochs"]), int(resume["epoch"]) + 1
         elapsed = float(resume.get("seconds", 0.0))
+        # the validation cases the run began with (fit_validation may have cut them)
+        saved_sample = (resume.get("train_config") or {}).get("valid_sample")
+        if saved_sample is not None:
+            config = replace(config, valid_sample=int(saved_sample))
 
     ranks = world()
     if ranks.distributed:
@@ -391,6 +469,23 @@ def train_model(
     # one process checks --time-limit at every step; ranks under torchrun only at epoch ends
     # (they must all run the same steps)
     limit, cut_in_epoch = config.time_limit, bool(config.time_limit) and not ranks.distributed
+    first_reserve = 0.0  # room kept for the first epoch's validation
+    if cut_in_epoch and not history:
+        t_probe = time.perf_counter()
+        est_sampled, est_full = estimate_validation(model, data, index, config)
+        n_full = len(subsample_cases(data.valid, config.valid_sample, config.seed))
+        keep = fit_validation(config, est_sampled, est_full, n_full)
+        if keep < n_full:
+            (log or (lambda _m: None))(
+                f"{title or model.name}: ranking {n_full:,} validation cases against the whole "
+                f"catalog would take about {est_full:.0f} s of each epoch (--time-limit "
+                f"{limit:g} s); ranking {keep:,} instead (--valid-sample, or a longer "
+                "--time-limit)"
+            )
+            config = replace(config, valid_sample=keep)
+            est_full *= keep / n_full
+        first_reserve = est_sampled + est_full
+        elapsed += time.perf_counter() - t_probe  # the probe is validation work of this run
     progress.start(title or model.name, config.epochs, steps, first_epoch)
     try:
         for epoch in range(first_epoch, config.epochs + 1):
@@ -407,7 +502,7 @@ def train_model(
             total = torch.zeros((), device=device)
             done = steps  # steps of this epoch actually run (fewer when the time limit cuts it)
             # keep room for this epoch's validation: as long as the last one took
-            reserve = history[-1].get("valid_seconds", 0.0) if history else 0.0
+            reserve = history[-1].get("valid_seconds", 0.0) if history else first_reserve
             for step in range(steps):
                 if cut_in_epoch and step and elapsed + time.perf_counter() - t0 + reserve >= limit:
                     done, out_of_time = step, True  # --time-limit ends mid-epoch too
@@ -552,5 +647,9 @@ def train_model(
         history=history,
         stopped_early=stopped_early,
         seconds=elapsed,
-        extra={"stopped_by_time_limit": out_of_time, "best_valid_full": best_full},
+        extra={
+            "stopped_by_time_limit": out_of_time,
+            "best_valid_full": best_full,
+            "valid_sample": config.valid_sample,
+        },
     )

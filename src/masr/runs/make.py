@@ -14,7 +14,7 @@ This module imports torch only inside functions (the CLI imports the package for
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -246,7 +246,10 @@ def _build(
         extras={"run": run},
         title=run,
         compile=options.compile,
+        log=log,
     )
+    # the full-ranking validation cases it ranked (a --time-limit may have cut them)
+    info["train_config"]["valid_sample"] = result.extra.get("valid_sample", train_cfg.valid_sample)
     info.update(
         status="finished",
         finished=now(),
@@ -416,6 +419,24 @@ def _fuse(
     fused.to(device).eval()
     log(f"{run}: fusing {' + '.join(spec.parts)} with alpha {options.alpha} (eq. 20)")
     extra = {"parts": list(spec.parts), "alpha": options.alpha, "options": options.to_dict()}
+    # validated on as many full-ranking cases as the fewest its parts ranked (a --time-limit
+    # may have cut theirs), so that the fusion's validation costs what theirs did
+    sample = _parts_valid_sample(runs_dir, spec.parts, options.train.valid_sample)
+    if sample != options.train.valid_sample:
+        options = replace(options, train=replace(options.train, valid_sample=sample))
     return _save_single(
         run, spec, fused, data, runs_dir / run, sig, device, started, options, extra
     )
+
+
+def _parts_valid_sample(runs_dir: Path, parts: Sequence[str], default: int) -> int:
+    """The smallest full-ranking validation sample the trained ``parts`` recorded in their
+    run.json (0 = every case counts as the largest), ``default`` when none is smaller."""
+    sizes = [default]
+    for part in parts:
+        info = read_run_json(runs_dir / part) or {}
+        size = (info.get("train_config") or {}).get("valid_sample")
+        if isinstance(size, int):
+            sizes.append(size)
+    positive = [n for n in sizes if n > 0]
+    return min(positive) if positive else 0
