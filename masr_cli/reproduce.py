@@ -25,7 +25,8 @@ def command(
     time_limit: Annotated[
         float,
         typer.Option(
-            help="Seconds of training and validation per run, checked at every step; "
+            help="Seconds of training and validation per run, checked at every step, with "
+            "room kept for each epoch's validation (as `masr train --time-limit`); "
             "0 = no limit (every run then ends by --patience or --epochs)."
         ),
     ] = _R.time_limit,
