@@ -408,6 +408,7 @@ def train_model(
         raise MasrError(f"--model {model.name}: not trained by gradient descent (it has fit())")
     device = torch.device(device)
     progress = progress or TrainProgress()
+    log = log or (lambda _msg: None)
     extras = dict(extras or {})
     run_dir = Path(run_dir) if run_dir is not None else None
 
@@ -473,10 +474,11 @@ def train_model(
     if cut_in_epoch and not history:
         t_probe = time.perf_counter()
         est_sampled, est_full = estimate_validation(model, data, index, config)
-        n_full = len(subsample_cases(data.valid, config.valid_sample, config.seed))
+        n_valid = len(data.valid)  # subsample_cases's count: all unless 0 < valid_sample < n
+        n_full = config.valid_sample if 0 < config.valid_sample < n_valid else n_valid
         keep = fit_validation(config, est_sampled, est_full, n_full)
         if keep < n_full:
-            (log or (lambda _m: None))(
+            log(
                 f"{title or model.name}: ranking {n_full:,} validation cases against the whole "
                 f"catalog would take about {est_full:.0f} s of each epoch (--time-limit "
                 f"{limit:g} s); ranking {keep:,} instead (--valid-sample, or a longer "

@@ -249,7 +249,7 @@ def _build(
         log=log,
     )
     # the full-ranking validation cases it ranked (a --time-limit may have cut them)
-    info["train_config"]["valid_sample"] = result.extra.get("valid_sample", train_cfg.valid_sample)
+    info["train_config"]["valid_sample"] = result.extra["valid_sample"]
     info.update(
         status="finished",
         finished=now(),
