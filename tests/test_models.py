@@ -414,7 +414,16 @@ def test_dropped_pairwise_sq_gradient_by_finite_differences() -> None:
             assert g.flatten()[i].item() == pytest.approx(numeric, rel=1e-5, abs=1e-6)
 
 
-@pytest.mark.parametrize("factory", [make_mdr, make_mass, lambda: make_mass(dropout_mode="shared")])
+@pytest.mark.parametrize(
+    "factory",
+    [
+        make_mdr,
+        lambda: make_mdr(dropout_mode="row"),
+        make_mass,
+        lambda: make_mass(dropout_mode="shared"),
+        lambda: make_mass(dropout_mode="row"),
+    ],
+)
 def test_dropout_only_in_train_mode(factory) -> None:
     model, batch = factory(), make_batch(empty_rows=())
     songs = candidates(batch)
@@ -428,6 +437,101 @@ def test_dropout_only_in_train_mode(factory) -> None:
         again = model.distance(batch, songs)
     assert torch.equal(noisy, again)  # train: random, but reproducible by seed
     assert not torch.allclose(noisy, first)
+
+
+def test_mdr_row_dropout_matches_a_loop_on_every_path() -> None:
+    """dropout_mode "row": one 0/1 mask per (row, dimension) and term, shared by the row's
+    candidates: o = Σ_x Σ_j (m_xj B_xj (x_j - s_j))² / (1-p)² + θ_s, the same on the per-row
+    path (``distance``) and the GEMM forms of shared negatives, values and gradients."""
+    from masr.models.mdr import dropout_keep
+
+    model, batch = make_mdr(dropout=0.4, dropout_mode="row"), make_batch(empty_rows=())
+    model.train()
+    rows, gen = batch.users.shape[0], torch.Generator().manual_seed(7)
+    own, shared = torch.randint(0, N_SONGS, (rows,), generator=gen), torch.arange(0, N_SONGS, 3)
+    songs = torch.cat([own.unsqueeze(1), shared.expand(rows, -1)], dim=1)  # (B, 1 + N)
+    torch.manual_seed(3)
+    masks = [dropout_keep((rows, DIM), 0.4, torch.device("cpu"), torch.float64) for _ in "up"]
+    want = torch.zeros(songs.shape, dtype=torch.float64)
+    with torch.no_grad():
+        for r in range(rows):
+            u = model.user_emb.weight[batch.users[r]]
+            pl = model.playlist_emb.weight[batch.playlists[r]]
+            for c in range(songs.shape[1]):
+                s = model.song_emb.weight[songs[r, c]]
+                for (keep, p), x, metric in zip(
+                    masks, (u, pl), (model.metric_user, model.metric_playlist), strict=True
+                ):
+                    want[r, c] += float(((keep[r] * metric * (x - s)) ** 2).sum()) / (1 - p) ** 2
+                want[r, c] += float(model.song_bias.weight[songs[r, c], 0])
+    outputs, grads = [], []
+    for path in (
+        lambda: model.distance(batch, songs),
+        lambda: model.distance_own_shared(batch, own, shared),
+        lambda: torch.cat(
+            [model.distance(batch, own.unsqueeze(1)), model.distance_shared(batch, shared)], 1
+        ),
+    ):
+        model.zero_grad()
+        torch.manual_seed(3)
+        out = path()
+        if len(outputs) == 2:  # two calls, two draws: only the first column uses the masks
+            out = out[:, :1]
+        out.sum().backward()
+        outputs.append(out.detach())
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert torch.allclose(outputs[0], want, atol=1e-10)
+    assert torch.allclose(outputs[1], want, atol=1e-10)
+    assert torch.allclose(outputs[2], want[:, :1], atol=1e-10)
+    for g0, g1 in zip(grads[0], grads[1], strict=True):
+        assert torch.allclose(g0, g1, atol=1e-10)
+    model.eval()  # no dropout outside training: the plain metric
+    with torch.no_grad():
+        assert torch.allclose(
+            model.distance_own_shared(batch, own, shared),
+            torch.tensor(ref_mdr(model, batch, songs), dtype=torch.float64),
+            atol=1e-10,
+        )
+
+
+def test_mass_row_dropout_matches_a_loop_on_every_path() -> None:
+    """dropout_mode "row": one 0/1 mask per (row, dimension) for each metric (B3, then B4),
+    shared by the row's candidates and members; the per-row path and the GEMM form of shared
+    negatives give the loop's values and the same gradients."""
+    from masr.models.mdr import dropout_keep
+
+    model, batch = make_mass(dropout=0.4, dropout_mode="row"), make_batch()
+    model.train()
+    rows, gen = batch.users.shape[0], torch.Generator().manual_seed(7)
+    own, shared = torch.randint(0, N_SONGS, (rows,), generator=gen), torch.arange(0, N_SONGS, 3)
+    songs = torch.cat([own.unsqueeze(1), shared.expand(rows, -1)], dim=1)  # (B, 1 + N)
+    torch.manual_seed(3)
+    (k_out, p_out), (k_att, p_att) = (
+        dropout_keep((rows, DIM), 0.4, torch.device("cpu"), torch.float64) for _ in "oa"
+    )
+    reference = make_mass(dropout=0.4, dropout_mode="row")  # the same weights, eval mode
+    want = []
+    with torch.no_grad():
+        b3, b4 = model.metric.clone(), model.att_metric.clone()
+        for r in range(rows):  # eq. 19 with row r's masked metrics m ⊙ B / (1-p)
+            reference.metric.copy_(k_out[r] * b3 / (1 - p_out))
+            reference.att_metric.copy_(k_att[r] * b4 / (1 - p_att))
+            want.append([ref_mass_parts(reference, batch, r, k)[2] for k in songs[r].tolist()])
+    outputs, grads = [], []
+    for path in (
+        lambda: model.distance(batch, songs),
+        lambda: model.distance_own_shared(batch, own, shared),
+    ):
+        model.zero_grad()
+        torch.manual_seed(3)
+        out = path()
+        out.sum().backward()
+        outputs.append(out.detach())
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for out in outputs:
+        assert torch.allclose(out, torch.tensor(want, dtype=out.dtype), atol=1e-10)
+    for g0, g1 in zip(grads[0], grads[1], strict=True):
+        assert torch.allclose(g0, g1, atol=1e-10)
 
 
 def test_mass_train_path_without_dropout_equals_eval() -> None:
@@ -490,6 +594,7 @@ def test_masr_parts_accept_a_pair_of_run_names() -> None:
         (lambda: MASSConfig(dropout=1.0), "--dropout"),
         (lambda: MDRConfig(init_std=-1.0), "init_std"),
         (lambda: MASSConfig(dropout_mode="rows"), "dropout_mode"),
+        (lambda: MDRConfig(dropout_mode="shared"), "dropout_mode"),
     ],
 )
 def test_configs_reject_impossible_settings(config, option: str) -> None:

@@ -71,7 +71,11 @@ from masr.models.base import Batch, ModelConfig, Recommender
 from masr.models.mdr import check_common, dropout_keep, dropped_pairwise_sq, init_embedding
 
 QUERY_INITS = ("reference", "default")
-DROPOUT_MODES = ("element", "shared")
+#: where the training dropout's masks vary: "element" = every element of every B ⊙ (q - s_t)
+#: (the authors' code: a (B, C, L, d) tensor), "shared" = one mask per (row, candidate,
+#: dimension) shared by the members, "row" = one mask per (row, dimension) and metric, shared by
+#: the row's candidates and members (the GEMM form of the shared-negatives path is kept)
+DROPOUT_MODES = ("element", "shared", "row")
 #: who personalises the queries of eqs. 12 and 16 (Table 3): the user (MASS_us, the paper's
 #: MASS), the playlist (MASS_ps) or both (MASS_ups: [u; p; s_k] and [u^(a); p^(a); s_k^(a)])
 MASS_CONTEXTS = ("user", "playlist", "user+playlist")
@@ -91,6 +95,8 @@ class MASSConfig(ModelConfig):
     query_init: str = "reference"  # W1, W2 init: "reference" = [-I | I], "default" = nn.Linear
     # "element": a dropout mask per element of every B ⊙ (q - s_t) (the reference code);
     # "shared": one mask per (row, candidate, dimension) shared by the members (GEMM form, fast)
+    # "row": one mask per (row, dimension) shared by the candidates and members (GEMM form, and
+    # shared negatives keep the GEMM form of the full ranking)
     dropout_mode: str = "element"
     context: str = "user"  # MASS_CONTEXTS: "user" (MASS_us), "playlist", "user+playlist"
     attention: str = "mem-metric"  # ATTENTIONS: the paper's memory metric-based attention
@@ -140,6 +146,12 @@ def weighted_pairwise_sq(q: Tensor, members: Tensor, weights: Tensor) -> Tensor:
     lhs = torch.cat([-2.0 * weights * q, weights], dim=-1)  # (B, C, 2d)
     rhs = torch.cat([members, members.square()], dim=-1)  # (B, L, 2d)
     return (q_norm + torch.bmm(lhs, rhs.transpose(1, 2))).clamp_min(0.0)
+
+
+def _weighted_sum(x: Tensor, w: Tensor) -> Tensor:
+    """Σ_j w_j x_j over the last axis: a matrix-vector product for one weight vector ``w``
+    (d,), else an element-wise product with broadcast weights (row dropout's (G, 1, d))."""
+    return x @ w if w.dim() == 1 else (x * w).sum(-1)
 
 
 def _pool_parts(*inputs: Tensor, n_rows: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -304,10 +316,25 @@ class MASS(Recommender):
             return dropped_pairwise_sq(
                 (q * metric).unsqueeze(2), (members * metric).unsqueeze(1), p_drop
             )
+        if self.config.dropout_mode == "row":
+            # one mask per (row, dimension), shared by the C candidates and the L members
+            weights = self._row_weights(metric, q.shape[0])  # (B, d)
+            return weighted_pairwise_sq(q, members, weights.unsqueeze(1).expand_as(q))
         # "shared": one dropout mask per (row, candidate, dimension), shared by the L members:
         # Σ_j (m_j/(1-p))² B_j² (q_j - s_tj)², still in GEMM form (no (B, C, L, d) tensor)
         keep, p = dropout_keep(q.shape, p_drop, q.device, q.dtype)  # (B, C, d)
         return weighted_pairwise_sq(q, members, metric.square() * keep / (1.0 - p) ** 2)
+
+    def _row_dropout(self) -> bool:
+        return self.training and self.config.dropout > 0 and self.config.dropout_mode == "row"
+
+    def _row_weights(self, metric: Tensor, n_rows: int) -> Tensor:
+        """(n_rows, d) weights m ⊙ B² / (1-p)² of ``dropout_mode="row"``, m a 0/1 mask per
+        (row, dimension): (m_j B_j (q_j - s_j))² / (1-p)² = w_j (q_j - s_j)² for m_j in {0, 1}."""
+        keep, p = dropout_keep(
+            (n_rows, metric.shape[0]), self.config.dropout, metric.device, metric.dtype
+        )
+        return keep.mul_(metric.square() * (1.0 / (1.0 - p) ** 2))
 
     def attention(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, C, L) attention weights α (eqs. 16-18) of each candidate over the row's members."""
@@ -434,11 +461,12 @@ class MASS(Recommender):
     def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, N) eq. 19 to songs shared by every row (sampled softmax's negatives).
 
-        Without dropout in training: the GEMM form of ``full_distance_grouped`` (one group per
-        row) on the N songs, through the embeddings so that gradients stay row-sparse. With
-        dropout in training: ``distance`` with the songs as one (1, N) row, which keeps the
-        dropout law of ``dropout_mode`` (the song halves of eqs. 12 and 16 computed once)."""
-        if self.training and self.config.dropout > 0:
+        Without dropout in training, or with ``dropout_mode="row"``: the GEMM form of
+        ``full_distance_grouped`` (one group per row) on the N songs, through the embeddings so
+        that gradients stay row-sparse. With other dropout in training: ``distance`` with the
+        songs as one (1, N) row, which keeps the dropout law of ``dropout_mode`` (the song
+        halves of eqs. 12 and 16 computed once)."""
+        if self.training and self.config.dropout > 0 and not self._row_dropout():
             return self.distance(batch, songs.unsqueeze(0))
         rows = self._row_sides(batch)
         return self._songs_scores(rows, songs)  # (B, N)
@@ -446,8 +474,9 @@ class MASS(Recommender):
     def distance_own_shared(self, batch: Batch, own: Tensor, shared: Tensor) -> Tensor:
         """(B, 1 + N) eq. 19 to each row's own song and to N shared songs: both through the
         GEMM form of ``distance_shared``, the member-song halves computed once for the two.
-        With dropout in training: ``distance`` and ``distance_shared`` (the dropout law)."""
-        if self.training and self.config.dropout > 0:
+        With dropout other than "row" in training: ``distance`` and ``distance_shared`` (the
+        dropout law)."""
+        if self.training and self.config.dropout > 0 and not self._row_dropout():
             return super().distance_own_shared(batch, own, shared)
         rows = self._row_sides(batch)
         return torch.cat(
@@ -456,8 +485,17 @@ class MASS(Recommender):
 
     def _row_sides(self, batch: Batch) -> tuple[dict[str, Tensor], Tensor, Tensor | None]:
         """What does not depend on the candidate, one group per row: ``_member_side`` and
-        ``_context_side``."""
-        side = self._member_side(batch.members.unsqueeze(1), batch.member_mask.unsqueeze(1))
+        ``_context_side``. With ``dropout_mode="row"`` in training, each row's metrics carry its
+        dropout masks (output first, then attention: ``distance``'s order of draws)."""
+        w_out = w_att = None
+        if self._row_dropout():
+            n_rows = batch.users.shape[0]
+            w_out = self._row_weights(self.metric, n_rows)
+            if self.att_metric is not None:
+                w_att = self._row_weights(self.att_metric, n_rows)
+        side = self._member_side(
+            batch.members.unsqueeze(1), batch.member_mask.unsqueeze(1), w_out, w_att
+        )
         a_out, a_att = self._context_side(
             self._context(batch.users, batch.playlists),
             self._att_context(batch.users, batch.playlists),
@@ -492,11 +530,19 @@ class MASS(Recommender):
         self._compiled_scores = Compiled(self._grouped_scores, "MASS scores") if on else None
         return True
 
-    def _member_side(self, members: Tensor, member_mask: Tensor) -> dict[str, Tensor]:
+    def _member_side(
+        self,
+        members: Tensor,
+        member_mask: Tensor,
+        w_out: Tensor | None = None,
+        w_att: Tensor | None = None,
+    ) -> dict[str, Tensor]:
         """The member-song halves of eqs. 14-15 and 17, for (G, R, L) member slots: what does
-        not depend on the candidate song, computed once per batch."""
+        not depend on the candidate song, computed once per batch. ``w_out`` / ``w_att`` (G, d)
+        replace B3² / B4² per group (row dropout's masked metrics); None = the metrics."""
         n_groups, n_rows, n_slots = members.shape
-        w_out = self.metric.square()  # (d,)
+        # B3² (d,), or one weight vector per group (G, 1, d)
+        w_out3 = self.metric.square() if w_out is None else w_out.unsqueeze(1)
         flat = members.reshape(n_groups, n_rows * n_slots)  # (G, RL)
         real = member_mask.reshape(n_groups, 1, n_rows * n_slots)  # (G, 1, RL)
         has_member = member_mask.any(-1)  # (G, R)
@@ -507,8 +553,9 @@ class MASS(Recommender):
         inf = torch.full((), float("inf"), dtype=m.dtype, device=m.device)
         side = {
             # output side, zero at padded slots: B3²⊙s_t (G, d, RL) and |B3⊙s_t|² (G, 1, RL)
-            "out_w": torch.where(real, (m * w_out).transpose(1, 2), zero),
-            "out_norm": torch.where(real, (m.square() @ w_out).unsqueeze(1), zero),
+            "out_w": torch.where(real, (m * w_out3).transpose(1, 2), zero),
+            "out_norm": torch.where(real, _weighted_sum(m.square(), w_out3).unsqueeze(1), zero),
+            "w_out": w_out3,  # B3² (d,) or per group (G, 1, d), for |B3⊙q|²
             "has": has_member.to(m.dtype).unsqueeze(1),  # (G, 1, R)
             # attention "none" / "dot": no per-slot term, only +inf at closed slots (G, 1, RL)
             "att_norm": torch.where(open_slot, zero, inf),
@@ -519,10 +566,12 @@ class MASS(Recommender):
         if self.att_metric is None:  # "dot": logits q^(a)·s_t^(a)
             side["att_w2"] = m_att.transpose(1, 2)  # (G, d, RL)
             return side
-        w_att = self.att_metric.square()  # (d,)
+        w_att3 = self.att_metric.square() if w_att is None else w_att.unsqueeze(1)
         # metric: 2 B4²⊙s_t^(a) (G, d, RL) and |B4⊙s_t^(a)|², +inf at closed slots (G, 1, RL)
-        side["att_w2"] = (2.0 * m_att * w_att).transpose(1, 2)
-        side["att_norm"] = torch.where(open_slot, (m_att.square() @ w_att).unsqueeze(1), inf)
+        side["att_w2"] = (2.0 * m_att * w_att3).transpose(1, 2)
+        side["att_norm"] = torch.where(
+            open_slot, _weighted_sum(m_att.square(), w_att3).unsqueeze(1), inf
+        )
         return side
 
     def _context_side(self, c: Tensor, c_att: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -556,7 +605,7 @@ class MASS(Recommender):
         _, w1_s = self._split(self.query)
         # eq. 12: q = ReLU(W1_c c + W1_s s_k + b1)                       (G, Vc, d)
         q = (a_out + F.linear(s_out, w1_s, self.query.bias)).relu_()
-        q_norm = (q * q) @ self.metric.square()  # (G, Vc)  |B3⊙q|²
+        q_norm = _weighted_sum(q * q, side["w_out"])  # (G, Vc)  |B3⊙q|²
         if self.att_query is not None and a_att is not None and s_att is not None:
             _, w2_s = self._split(self.att_query)
             # eq. 16: q^(a) = ReLU(W2_c c^(a) + W2_s s^(a) + b2)           (G, Vc, d)

@@ -9,7 +9,7 @@ Table 3's ablations keep one of the two terms (``MDRConfig.terms``; section 5.3)
     "ps"  (MDR_ps):  o = |B2 ⊙ (p - s)|² + θ_s        (no user embedding, no B1)
 
 Public API:
-    MDRConfig(dim=64, dropout=0.2, init_std=None, terms="ups")
+    MDRConfig(dim=64, dropout=0.2, init_std=None, terms="ups", dropout_mode="element")
     MDR(config, n_users, n_playlists, n_songs)
     MDR.distance(batch, songs (B, C)) -> (B, C)                 training / sampled evaluation
     MDR.full_distance(batch, chunk=8192) -> (B, V)              full ranking (GEMM form)
@@ -45,6 +45,10 @@ from masr.models.base import Batch, ModelConfig, Recommender
 
 #: which terms of eq. 11 MDR keeps: both (the paper's MDR_ups), user-song or playlist-song only
 MDR_TERMS = ("ups", "us", "ps")
+#: where the training dropout's masks vary: "element" = every element of every B ⊙ (x - s)
+#: (the authors' code; with shared negatives a (B, N, d) tensor), "row" = one mask per (row,
+#: dimension) and term, shared by the row's candidates (the GEMM form of eq. 11 is kept)
+MDR_DROPOUT_MODES = ("element", "row")
 
 
 @dataclass
@@ -55,11 +59,17 @@ class MDRConfig(ModelConfig):
     dropout: float = 0.2  # on the scaled difference B ⊙ (x - y) before squaring, train mode only
     init_std: float | None = None  # std of the embedding init; None = 1 / dim
     terms: str = "ups"  # eq. 11's terms: "ups" both, "us" user-song only, "ps" playlist-song only
+    dropout_mode: str = "element"  # MDR_DROPOUT_MODES: the paper's per element, or per row
 
     def __post_init__(self) -> None:
         check_common("mdr", self.dim, self.dropout, self.init_std)
         if self.terms not in MDR_TERMS:
             raise MasrError(f"mdr terms: {self.terms!r} is not one of {', '.join(MDR_TERMS)}")
+        if self.dropout_mode not in MDR_DROPOUT_MODES:
+            raise MasrError(
+                f"mdr dropout_mode: {self.dropout_mode!r} is not one of "
+                f"{', '.join(MDR_DROPOUT_MODES)}"
+            )
 
 
 def check_common(model: str, dim: int, dropout: float, init_std: float | None) -> None:
@@ -196,16 +206,40 @@ class MDR(Recommender):
             sides.append((self.playlist_emb(playlists), self.metric_playlist))
         return sides
 
+    def _element_dropout(self) -> bool:
+        """True when training with the per-element dropout (the (B, C, d) path)."""
+        return self.training and self.config.dropout > 0 and self.config.dropout_mode == "element"
+
+    def _weighted_sides(self, batch: Batch) -> list[tuple[Tensor, Tensor]]:
+        """(row vectors x (B, d), weights w) of each kept term, Σ_j w_j (x_j - s_j)² being the
+        term: w = B_x² (d,), or in training with ``dropout_mode="row"`` m ⊙ B_x² / (1-p)²
+        (B, d), m a 0/1 mask per (row, dimension) shared by all the row's candidates:
+        (m_j B_j (x_j - s_j))² / (1-p)² = m_j B_j² (x_j - s_j)² / (1-p)² for m_j in {0, 1}."""
+        sides = self._sides(batch.users, batch.playlists)
+        p_drop = self.config.dropout
+        if not (self.training and p_drop > 0 and self.config.dropout_mode == "row"):
+            return [(x, metric.square()) for x, metric in sides]
+        weighted = []
+        for x, metric in sides:
+            keep, p_eff = dropout_keep(x.shape, p_drop, x.device, x.dtype)  # (B, d)
+            weighted.append((x, keep.mul_(metric.square() * (1.0 / (1.0 - p_eff) ** 2))))
+        return weighted
+
     def distance(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, C) MDR distances, eq. 11, of each row's (user, playlist) to its candidate songs."""
         p_drop = self.config.dropout
         s = self.song_emb(songs)  # (B, C, d)
         # eq. 11: o = |B1 ⊙ (u - s)|² + |B2 ⊙ (p - s)|² + θ_s  (the kept terms of MDR_us/_ps)
-        if self.training and p_drop > 0:
+        if self._element_dropout():
             # dropout on B ⊙ (x - s), formed as B⊙x - B⊙s (one fused pass, dropped_pairwise_sq)
             terms = [
                 dropped_pairwise_sq((x * metric).unsqueeze(1), s * metric, p_drop)  # (B, C)
                 for x, metric in self._sides(batch.users, batch.playlists)
+            ]
+        elif self.training and p_drop > 0:  # "row": Σ_j w_bj (x_bj - s_bcj)², w per row
+            terms = [
+                ((x.unsqueeze(1) - s).square() * w.unsqueeze(1)).sum(-1)  # (B, C)
+                for x, w in self._weighted_sides(batch)
             ]
         else:
             terms = [
@@ -216,68 +250,77 @@ class MDR(Recommender):
 
     def distance_shared(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, N) eq. 11 to songs shared by every row (sampled softmax): the GEMM form of
-        ``full_distance_from_vectors`` on N songs; with dropout in training, the (B, N, d)
-        differences it acts on are formed as in ``distance``."""
-        if self.training and self.config.dropout > 0:
+        ``full_distance_from_vectors`` on N songs; with per-element dropout in training, the
+        (B, N, d) differences it acts on are formed as in ``distance``."""
+        if self._element_dropout():
             return self.distance(batch, songs.unsqueeze(0))  # (1, N) broadcast against (B, 1)
         s = self.song_emb(songs)  # (N, d)
-        return self._gemm(self._sides(batch.users, batch.playlists), s, self.song_bias(songs))
+        return self._gemm(self._weighted_sides(batch), s, self.song_bias(songs))
 
     def distance_own_shared(self, batch: Batch, own: Tensor, shared: Tensor) -> Tensor:
         """(B, 1 + N) eq. 11 to each row's own song and to N shared songs, from one gather of
         the B + N song rows and one set of row terms (``_gemm``'s expansion; the own song's
-        cross term is a row-wise dot product). With dropout in training: the default."""
-        if self.training and self.config.dropout > 0:
+        cross term is a row-wise dot product). With per-element dropout in training: the
+        default."""
+        if self._element_dropout():
             return super().distance_own_shared(batch, own, shared)
         n_rows = own.shape[0]
         songs = torch.cat([own, shared])  # (B + N,)
         s = self.song_emb(songs)  # (B + N, d)
-        w_sum, row_term, lhs = self._row_parts(self._sides(batch.users, batch.playlists))
-        song_term = s.square() @ w_sum + self.song_bias(songs).squeeze(-1)  # (B + N,)
-        cross_own = (lhs * s[:n_rows]).sum(-1, keepdim=True)  # (B, 1)
-        cross = torch.cat([cross_own, lhs @ s[n_rows:].T], dim=1)  # (B, 1 + N)
-        song_terms = torch.cat(
-            [song_term[:n_rows].unsqueeze(1), song_term[n_rows:].expand(n_rows, -1)], dim=1
-        )
+        bias = self.song_bias(songs).squeeze(-1)  # (B + N,)
+        w_sum, row_term, lhs = self._row_parts(self._weighted_sides(batch))
+        s_own, s_shared = s[:n_rows], s[n_rows:]
+        cross_own = (lhs * s_own).sum(-1, keepdim=True)  # (B, 1)
+        cross = torch.cat([cross_own, lhs @ s_shared.T], dim=1)  # (B, 1 + N)
+        if w_sum.dim() == 1:  # one metric for every row
+            song_term = s.square() @ w_sum + bias  # (B + N,)
+            own_term, shared_term = song_term[:n_rows], song_term[n_rows:].expand(n_rows, -1)
+        else:  # per-row weights (row dropout): (B, d) against the songs' squares
+            own_term = (s_own.square() * w_sum).sum(-1) + bias[:n_rows]  # (B,)
+            shared_term = w_sum @ s_shared.square().T + bias[n_rows:]  # (B, N)
+        song_terms = torch.cat([own_term.unsqueeze(1), shared_term], dim=1)  # (B, 1 + N)
         return row_term.unsqueeze(1) - 2.0 * cross + song_terms
 
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         """(B, V) eq. 11 against every catalog song, in GEMM form (one (B, d) x (d, V) product;
         ``chunk`` is unused: the whole catalog fits one product)."""
         sides = self._sides(batch.users, batch.playlists)
-        return self._gemm(sides, self.song_emb.weight, self.song_bias.weight)
+        weighted = [(x, m.square()) for x, m in sides]
+        return self._gemm(weighted, self.song_emb.weight, self.song_bias.weight)
 
     def full_distance_from_vectors(self, u: Tensor | None, p: Tensor | None) -> Tensor:
         """(B, V) eq. 11 for user vectors ``u`` (B, d) and playlist vectors ``p`` (B, d) (the
         term an ablation lacks takes None)."""
-        sides = [
-            (x, m)
+        weighted = [
+            (x, m.square())
             for x, m in ((u, self.metric_user), (p, self.metric_playlist))
             if x is not None and m is not None
         ]
-        return self._gemm(sides, self.song_emb.weight, self.song_bias.weight)
+        return self._gemm(weighted, self.song_emb.weight, self.song_bias.weight)
 
     @staticmethod
-    def _gemm(sides: list[tuple[Tensor, Tensor]], songs: Tensor, bias: Tensor) -> Tensor:
-        """(B, N) eq. 11 of the kept terms ``sides`` [(x (B, d), B_x (d,))] to ``songs`` (N, d)
-        with biases (N, 1), in GEMM form.
+    def _gemm(weighted: list[tuple[Tensor, Tensor]], songs: Tensor, bias: Tensor) -> Tensor:
+        """(B, N) eq. 11 of the kept terms ``weighted`` [(x (B, d), w_x = B_x² (d,) or per-row
+        weights (B, d))] to ``songs`` (N, d) with biases (N, 1), in GEMM form.
 
-        Expanded: Σ_x |B_x⊙(x-s)|² = Σ_x |B_x⊙x|² - 2 (Σ_x B_x²⊙x)·s + (Σ_x B_x²)·s², so the
-        only per-row work is one GEMM with the song table."""
-        w_sum, row_term, lhs = MDR._row_parts(sides)
-        # per-song constant: (B1² + B2²)·s² + θ_s
-        song_term = songs.square() @ w_sum + bias.squeeze(-1)  # (N,)
+        Expanded: Σ_x Σ_j w_xj (x_j - s_j)² = Σ_x w_x·x² - 2 (Σ_x w_x⊙x)·s + (Σ_x w_x)·s², so
+        the only per-row work is one GEMM with the song table (two with per-row weights)."""
+        w_sum, row_term, lhs = MDR._row_parts(weighted)
         cross = lhs @ songs.T  # (B, N)  (B1²⊙u + B2²⊙p)·s
-        return row_term.unsqueeze(1) - 2.0 * cross + song_term.unsqueeze(0)
+        if w_sum.dim() == 1:
+            # per-song constant: (B1² + B2²)·s² + θ_s
+            song_term = (songs.square() @ w_sum + bias.squeeze(-1)).unsqueeze(0)  # (1, N)
+        else:
+            song_term = w_sum @ songs.square().T + bias.squeeze(-1)  # (B, N)
+        return row_term.unsqueeze(1) - 2.0 * cross + song_term
 
     @staticmethod
-    def _row_parts(sides: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-        """``_gemm``'s song-independent parts: B1² + B2² (d,), |B1⊙u|² + |B2⊙p|² (B,) and
-        B1²⊙u + B2²⊙p (B, d) (the kept terms only)."""
-        w = [m.square() for _, m in sides]  # B_x² (d,) each
-        w_sum = sum(w[1:], w[0])  # (d,)
-        rows = [x.square() @ wx for (x, _), wx in zip(sides, w, strict=True)]
-        lhs = [x * wx for (x, _), wx in zip(sides, w, strict=True)]
+    def _row_parts(weighted: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+        """``_gemm``'s song-independent parts: Σ_x w_x ((d,) or (B, d)), Σ_x w_x·x² (B,) and
+        Σ_x w_x⊙x (B, d) (the kept terms only; w_x = B_x² without row dropout)."""
+        w_sum = sum((w for _, w in weighted[1:]), weighted[0][1])
+        rows = [(x.square() * w).sum(-1) for x, w in weighted]
+        lhs = [x * w for x, w in weighted]
         return w_sum, sum(rows[1:], rows[0]), sum(lhs[1:], lhs[0])
 
     def export_weights(self) -> dict[str, Tensor]:
