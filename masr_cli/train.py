@@ -224,8 +224,10 @@ def command(
             metavar="NAME=VALUE",
             help="A model hyper-parameter, repeatable: e.g. --set shrink=10 --set alpha=0.75 "
             "(itemknn: alpha, shrink, neighbours; ease: reg; als: reg, confidence, iterations, "
-            "cg_steps; mfbpr: song_bias; cml: margin; fism: alpha). `--reg` also sets ease/als's "
-            "L2 weight.",
+            "cg_steps; mfbpr: song_bias; cml: margin; fism: alpha; mdr, mass: dropout, "
+            "dropout_mode = element (the paper's, per element) or row (one mask per row and "
+            "dimension, shared by its candidates: keeps the GEMM form of --loss softmax, "
+            "docs/training.md)). `--reg` also sets ease/als's L2 weight.",
             show_default=False,
         ),
     ] = None,

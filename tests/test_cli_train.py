@@ -185,6 +185,28 @@ def test_adv_lr_is_the_apr_phase_learning_rate(tmp_path: Path) -> None:
     _fails([*args, "--adv-lr", "0"], "--adv-lr")
 
 
+def test_set_scoped_to_one_model_and_row_dropout(tmp_path: Path) -> None:
+    """--set MODEL.NAME=VALUE sets NAME for that model's runs only, over --set NAME=VALUE; the
+    recipe's values give way to it; row dropout trains under the softmax loss."""
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    args = ["train", "--model", "masr", "--data", str(data), "--runs", str(runs), *TINY]
+    _ok([*args, "--recipe", "fullrank", "--neg", "16", "--set", "dropout=0.1",
+         "--set", "mdr.dropout=0.6", "--set", "mdr.dropout-mode=row"])
+
+    def model_config(run: str) -> dict:
+        return json.loads((runs / run / "run.json").read_text())["model_config"]
+
+    assert model_config("mdr")["dropout"] == 0.6 and model_config("mdr")["dropout_mode"] == "row"
+    assert model_config("mass")["dropout"] == 0.1  # the unscoped value
+    assert model_config("mass")["dropout_mode"] == "element"
+    _fails([*args, "--set", "cml.margin=1"], "--set cml.margin=1", "mdr, mass")
+    _fails([*args, "--set", "mdr.shrink=1"], "--set mdr.shrink=1", "dropout")
+    _fails([*args, "--set", "mdr.dropout_mode=shared"], "dropout_mode")
+
+
 def test_time_limit_keeps_room_for_validation_and_says_when_it_cuts_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -44,7 +44,9 @@ def model_class(name: str) -> type[Recommender]:
 
 def parse_settings(names: list[str], items: list[str]) -> dict[str, object]:
     """``["shrink=10", "alpha=0.75"]`` -> ``{"shrink": 10.0, "alpha": 0.75}``, typed by the config
-    fields of the registered models ``names``; a MasrError names the first bad ``--set`` item."""
+    fields of the registered models ``names``; a MasrError names the first bad ``--set`` item.
+    ``MODEL.NAME=VALUE`` (MODEL one of ``names``) is kept as ``{"MODEL.NAME": value}``: it sets
+    NAME for that model's runs only, over an unscoped NAME (``masr.runs.model_config``)."""
     from dataclasses import MISSING, fields
 
     known: dict[str, object] = {}
@@ -62,6 +64,20 @@ def parse_settings(names: list[str], items: list[str]) -> dict[str, object]:
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
+        scope, dot, field_name = key.partition(".")
+        if dot:  # MODEL.NAME=VALUE: for the runs of that model only (e.g. mdr.dropout=0.7)
+            if scope not in names:
+                raise MasrError(
+                    f"--set {item}: {scope!r} is not a model this command trains "
+                    f"({', '.join(dict.fromkeys(names))})"
+                )
+            inner = f"{field_name}={text}"
+            try:
+                scoped = parse_settings([scope], [inner])
+            except MasrError as err:  # name the item as the user wrote it
+                raise MasrError(str(err).replace(f"--set {inner}", f"--set {item}", 1)) from None
+            out[f"{scope}.{field_name}"] = scoped[field_name]
+            continue
         if key in owned and owned[key][0] and key not in settable:
             option, model = owned[key]
             raise MasrError(

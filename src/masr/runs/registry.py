@@ -99,13 +99,19 @@ def plan(name: str) -> list[str]:
 
 
 def model_config(name: str, overrides: dict[str, Any]) -> Any:
-    """The typed config of run ``name``'s model with the overrides its config has fields for."""
+    """The typed config of run ``name``'s model with the overrides its config has fields for
+    (``MODEL.NAME`` keys for this run's model over plain ``NAME`` keys)."""
     from masr.models import model_class
 
     spec = run_spec(name)
     cls = model_class(spec.model)
     names = {f.name for f in fields(cls.config_class)}
     values = {k: v for k, v in overrides.items() if k in names and v is not None}
+    # MODEL.NAME overrides (``--set mdr.dropout=0.7``) win over NAME for that model's runs
+    for key, value in overrides.items():
+        scope, dot, field_name = key.partition(".")
+        if dot and scope == spec.model and field_name in names and value is not None:
+            values[field_name] = value
     for key, fixed in spec.settings:
         if values.get(key, fixed) != fixed:
             raise MasrError(
