@@ -28,7 +28,9 @@ CHAIN=${CHAIN:-$WORK/chain}
 # with TIME_LIMIT=180 PARALLEL=1 ran in 438 s on an H200 (docs/training.md, The whole chain at
 # d = 256); DATA_SRC must be a path inside the checkout there (../shared does not travel)
 # (e.g. .aotm/, excluded from git and named in the call's carry). The next pass by that evidence:
-# CHAIN_ARGS="--dim 256 --adv-lr 1e-4" (AMASS at d = 256 peaked in its first two APR epochs at 3e-4)
+# CHAIN_ARGS="--dim 256 --adv-lr 1e-4" (AMASS at d = 256 peaked in its first two APR epochs at 3e-4);
+# and the row dropout that lifted AMDR and MASS on AOTM on a CPU (docs/training.md, Dropout that
+# keeps the GEMM form): CHAIN_ARGS="--set dropout=0.5 --set dropout_mode=row"
 CHAIN_ARGS=${CHAIN_ARGS:-}
 SPEED_SECONDS=6
 if [ "${DRY:-0}" = 1 ]; then DEVICE=cpu TL=2 FULL_SAMPLE=300 SPEED_SECONDS=1; fi
