@@ -68,7 +68,14 @@ from torch import Tensor, nn
 
 from masr.errors import MasrError
 from masr.models.base import Batch, ModelConfig, Recommender
-from masr.models.mdr import check_common, dropout_keep, dropped_pairwise_sq, init_embedding
+from masr.models.mdr import (
+    check_common,
+    dropout_keep,
+    dropped_pairwise_sq,
+    init_embedding,
+    row_dropout_weights,
+    weighted_sum,
+)
 
 QUERY_INITS = ("reference", "default")
 #: where the training dropout's masks vary: "element" = every element of every B ⊙ (q - s_t)
@@ -146,12 +153,6 @@ def weighted_pairwise_sq(q: Tensor, members: Tensor, weights: Tensor) -> Tensor:
     lhs = torch.cat([-2.0 * weights * q, weights], dim=-1)  # (B, C, 2d)
     rhs = torch.cat([members, members.square()], dim=-1)  # (B, L, 2d)
     return (q_norm + torch.bmm(lhs, rhs.transpose(1, 2))).clamp_min(0.0)
-
-
-def _weighted_sum(x: Tensor, w: Tensor) -> Tensor:
-    """Σ_j w_j x_j over the last axis: a matrix-vector product for one weight vector ``w``
-    (d,), else an element-wise product with broadcast weights (row dropout's (G, 1, d))."""
-    return x @ w if w.dim() == 1 else (x * w).sum(-1)
 
 
 def _pool_parts(*inputs: Tensor, n_rows: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -318,7 +319,7 @@ class MASS(Recommender):
             )
         if self.config.dropout_mode == "row":
             # one mask per (row, dimension), shared by the C candidates and the L members
-            weights = self._row_weights(metric, q.shape[0])  # (B, d)
+            weights = row_dropout_weights(metric, q.shape[0], p_drop)  # (B, d)
             return weighted_pairwise_sq(q, members, weights.unsqueeze(1).expand_as(q))
         # "shared": one dropout mask per (row, candidate, dimension), shared by the L members:
         # Σ_j (m_j/(1-p))² B_j² (q_j - s_tj)², still in GEMM form (no (B, C, L, d) tensor)
@@ -328,13 +329,6 @@ class MASS(Recommender):
     def _row_dropout(self) -> bool:
         return self.training and self.config.dropout > 0 and self.config.dropout_mode == "row"
 
-    def _row_weights(self, metric: Tensor, n_rows: int) -> Tensor:
-        """(n_rows, d) weights m ⊙ B² / (1-p)² of ``dropout_mode="row"``, m a 0/1 mask per
-        (row, dimension): (m_j B_j (q_j - s_j))² / (1-p)² = w_j (q_j - s_j)² for m_j in {0, 1}."""
-        keep, p = dropout_keep(
-            (n_rows, metric.shape[0]), self.config.dropout, metric.device, metric.dtype
-        )
-        return keep.mul_(metric.square() * (1.0 / (1.0 - p) ** 2))
 
     def attention(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, C, L) attention weights α (eqs. 16-18) of each candidate over the row's members."""
@@ -490,9 +484,9 @@ class MASS(Recommender):
         w_out = w_att = None
         if self._row_dropout():
             n_rows = batch.users.shape[0]
-            w_out = self._row_weights(self.metric, n_rows)
+            w_out = row_dropout_weights(self.metric, n_rows, self.config.dropout)
             if self.att_metric is not None:
-                w_att = self._row_weights(self.att_metric, n_rows)
+                w_att = row_dropout_weights(self.att_metric, n_rows, self.config.dropout)
         side = self._member_side(
             batch.members.unsqueeze(1), batch.member_mask.unsqueeze(1), w_out, w_att
         )
@@ -554,7 +548,7 @@ class MASS(Recommender):
         side = {
             # output side, zero at padded slots: B3²⊙s_t (G, d, RL) and |B3⊙s_t|² (G, 1, RL)
             "out_w": torch.where(real, (m * w_out3).transpose(1, 2), zero),
-            "out_norm": torch.where(real, _weighted_sum(m.square(), w_out3).unsqueeze(1), zero),
+            "out_norm": torch.where(real, weighted_sum(m.square(), w_out3).unsqueeze(1), zero),
             "w_out": w_out3,  # B3² (d,) or per group (G, 1, d), for |B3⊙q|²
             "has": has_member.to(m.dtype).unsqueeze(1),  # (G, 1, R)
             # attention "none" / "dot": no per-slot term, only +inf at closed slots (G, 1, RL)
@@ -570,7 +564,7 @@ class MASS(Recommender):
         # metric: 2 B4²⊙s_t^(a) (G, d, RL) and |B4⊙s_t^(a)|², +inf at closed slots (G, 1, RL)
         side["att_w2"] = (2.0 * m_att * w_att3).transpose(1, 2)
         side["att_norm"] = torch.where(
-            open_slot, _weighted_sum(m_att.square(), w_att3).unsqueeze(1), inf
+            open_slot, weighted_sum(m_att.square(), w_att3).unsqueeze(1), inf
         )
         return side
 
@@ -605,7 +599,7 @@ class MASS(Recommender):
         _, w1_s = self._split(self.query)
         # eq. 12: q = ReLU(W1_c c + W1_s s_k + b1)                       (G, Vc, d)
         q = (a_out + F.linear(s_out, w1_s, self.query.bias)).relu_()
-        q_norm = _weighted_sum(q * q, side["w_out"])  # (G, Vc)  |B3⊙q|²
+        q_norm = weighted_sum(q * q, side["w_out"])  # (G, Vc)  |B3⊙q|²
         if self.att_query is not None and a_att is not None and s_att is not None:
             _, w2_s = self._split(self.att_query)
             # eq. 16: q^(a) = ReLU(W2_c c^(a) + W2_s s^(a) + b2)           (G, Vc, d)

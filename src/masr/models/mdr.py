@@ -169,6 +169,20 @@ def dropout_keep(
     return keep, level / 65536
 
 
+def row_dropout_weights(metric: Tensor, n_rows: int, p: float) -> Tensor:
+    """(n_rows, d) metric weights of ``dropout_mode="row"``: m ⊙ B² / (1-p)², m a 0/1 mask per
+    (row, dimension) from ``dropout_keep``, so that (m_j B_j (x_j - y_j))² / (1-p)² =
+    w_j (x_j - y_j)² for m_j in {0, 1} (MDR's and MASS's row dropout)."""
+    keep, p_eff = dropout_keep((n_rows, metric.shape[0]), p, metric.device, metric.dtype)
+    return keep.mul_(metric.square() * (1.0 / (1.0 - p_eff) ** 2))
+
+
+def weighted_sum(x: Tensor, w: Tensor) -> Tensor:
+    """Σ_j w_j x_j over the last axis: a matrix-vector product for one weight vector ``w``
+    (d,), else an element-wise product with broadcast per-row weights (row dropout's)."""
+    return x @ w if w.dim() == 1 else (x * w).sum(-1)
+
+
 def init_embedding(emb: nn.Embedding, dim: int, init_std: float | None) -> None:
     """N(0, σ²) with σ = init_std or 1/dim."""
     nn.init.normal_(emb.weight, 0.0, init_std if init_std is not None else 1.0 / dim)
@@ -219,11 +233,7 @@ class MDR(Recommender):
         p_drop = self.config.dropout
         if not (self.training and p_drop > 0 and self.config.dropout_mode == "row"):
             return [(x, metric.square()) for x, metric in sides]
-        weighted = []
-        for x, metric in sides:
-            keep, p_eff = dropout_keep(x.shape, p_drop, x.device, x.dtype)  # (B, d)
-            weighted.append((x, keep.mul_(metric.square() * (1.0 / (1.0 - p_eff) ** 2))))
-        return weighted
+        return [(x, row_dropout_weights(metric, x.shape[0], p_drop)) for x, metric in sides]
 
     def distance(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, C) MDR distances, eq. 11, of each row's (user, playlist) to its candidate songs."""
@@ -272,12 +282,9 @@ class MDR(Recommender):
         s_own, s_shared = s[:n_rows], s[n_rows:]
         cross_own = (lhs * s_own).sum(-1, keepdim=True)  # (B, 1)
         cross = torch.cat([cross_own, lhs @ s_shared.T], dim=1)  # (B, 1 + N)
-        if w_sum.dim() == 1:  # one metric for every row
-            song_term = s.square() @ w_sum + bias  # (B + N,)
-            own_term, shared_term = song_term[:n_rows], song_term[n_rows:].expand(n_rows, -1)
-        else:  # per-row weights (row dropout): (B, d) against the songs' squares
-            own_term = (s_own.square() * w_sum).sum(-1) + bias[:n_rows]  # (B,)
-            shared_term = w_sum @ s_shared.square().T + bias[n_rows:]  # (B, N)
+        # Σ_x w_x·s² + θ_s; w_sum is (d,), or (B, d) per row under row dropout
+        own_term = weighted_sum(s_own.square(), w_sum) + bias[:n_rows]  # (B,)
+        shared_term = (w_sum @ s_shared.square().T + bias[n_rows:]).expand(n_rows, -1)  # (B, N)
         song_terms = torch.cat([own_term.unsqueeze(1), shared_term], dim=1)  # (B, 1 + N)
         return row_term.unsqueeze(1) - 2.0 * cross + song_terms
 
@@ -307,11 +314,8 @@ class MDR(Recommender):
         the only per-row work is one GEMM with the song table (two with per-row weights)."""
         w_sum, row_term, lhs = MDR._row_parts(weighted)
         cross = lhs @ songs.T  # (B, N)  (B1²⊙u + B2²⊙p)·s
-        if w_sum.dim() == 1:
-            # per-song constant: (B1² + B2²)·s² + θ_s
-            song_term = (songs.square() @ w_sum + bias.squeeze(-1)).unsqueeze(0)  # (1, N)
-        else:
-            song_term = w_sum @ songs.square().T + bias.squeeze(-1)  # (B, N)
+        # (B1² + B2²)·s² + θ_s: per song (N,), or per row and song (B, N) under row dropout
+        song_term = w_sum @ songs.square().T + bias.squeeze(-1)
         return row_term.unsqueeze(1) - 2.0 * cross + song_term
 
     @staticmethod
@@ -319,7 +323,7 @@ class MDR(Recommender):
         """``_gemm``'s song-independent parts: Σ_x w_x ((d,) or (B, d)), Σ_x w_x·x² (B,) and
         Σ_x w_x⊙x (B, d) (the kept terms only; w_x = B_x² without row dropout)."""
         w_sum = sum((w for _, w in weighted[1:]), weighted[0][1])
-        rows = [(x.square() * w).sum(-1) for x, w in weighted]
+        rows = [weighted_sum(x.square(), w) for x, w in weighted]
         lhs = [x * w for x, w in weighted]
         return w_sum, sum(rows[1:], rows[0]), sum(lhs[1:], lhs[0])
 
