@@ -246,7 +246,8 @@ def command(
             help="On a CPU, run MASS's sampled-softmax scores and its per-epoch full-ranking "
             "validation through torch.compile (about 30% off a step, a third off a validation, "
             "after seconds of compiling; needs a C++ compiler, and trains on without it when "
-            "compiling fails). Same computation up to float rounding.",
+            "compiling fails). Same computation up to float rounding. Not under a --time-limit "
+            "below 90 s, where the compiling would not pay for itself (said on stderr).",
         ),
     ] = True,
     resume: Annotated[

@@ -453,6 +453,39 @@ def test_compiled_full_ranking_gives_the_eager_ranks(
     assert (compiled != eager).mean() < 0.01 and abs(compiled - eager).max() <= 1
 
 
+def test_a_short_time_limit_trains_eagerly(
+    planted: PreparedData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a --time-limit shorter than MIN_COMPILE_BUDGET compiling cannot win back its
+    seconds: the run never calls torch.compile and says so once; without a limit, or with a
+    long one, the same run compiles."""
+    from masr.models.mass import MASS, MASSConfig
+    from masr.train import MIN_COMPILE_BUDGET, compile_pays, train_model
+
+    assert compile_pays(0.0) and compile_pays(MIN_COMPILE_BUDGET)
+    assert not compile_pays(MIN_COMPILE_BUDGET / 2)
+    calls: list[object] = []
+
+    def recorded(fn, **_kw):  # stands in for torch.compile: records, compiles nothing
+        calls.append(fn)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", recorded)
+    monkeypatch.setenv("MASR_COMPILE", "1")
+    for limit, compiles in ((MIN_COMPILE_BUDGET / 2, False), (0.0, True), (1e4, True)):
+        calls.clear()
+        said: list[str] = []
+        torch.manual_seed(0)
+        model = MASS(MASSConfig(dim=8, dropout=0.0), planted.n_users, planted.n_playlists,
+                     planted.n_songs)
+        config = TrainConfig(epochs=1, loss="softmax", neg=16, batch_size=64, time_limit=limit)
+        result = train_model(model, planted, config, compile=True, log=said.append)
+        assert result.history, limit  # it trained an epoch
+        assert bool(calls) == compiles, limit
+        short = [m for m in said if "too short for compiling" in m]
+        assert len(short) == (0 if compiles else 1), (limit, said)
+
+
 def test_a_failing_compile_trains_on_eagerly(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -298,6 +298,16 @@ def _sortish(
 VALID_SHARE = 0.25
 #: ... but never fewer than this many (one standard error of a hit@10 near 0.05: ≈ 0.015)
 MIN_VALID_SAMPLE = 200
+#: a run with a --time-limit below this many seconds trains and validates eagerly even when
+#: compiling is asked for: the first compiled epoch pays about 5-10 s of compiling, later ones
+#: save 10-30%, and a MASS run on the embedded data broke even at about 120 s (docs/training.md)
+MIN_COMPILE_BUDGET = 90.0
+
+
+def compile_pays(time_limit: float) -> bool:
+    """False for a --time-limit too short for ``torch.compile`` to win back its compiling
+    (``MIN_COMPILE_BUDGET``); True without a limit."""
+    return not 0 < time_limit < MIN_COMPILE_BUDGET
 
 
 def estimate_validation(
@@ -422,6 +432,13 @@ def train_model(
     from masr.compiled import compile_scores
 
     compiled = compile_scores(model, compile, device)
+    if compiled and not compile_pays(config.time_limit):
+        model.compile_scores(False)  # nothing was compiled yet: compiling happens on first use
+        compiled = False
+        log(
+            f"{title or model.name}: --time-limit {config.time_limit:g} s is too short for "
+            f"compiling to pay (under {MIN_COMPILE_BUDGET:g} s); training eagerly"
+        )
     # eq. 21 per batch: sum of the batch's losses + lambda * ||theta||^2; the loop minimises
     # the batch *mean*, so the L2 gradient 2 * lambda * theta is divided by the batch size
     # (Adam's coupled weight decay, as the reference's weight_decay with its summed loss).

@@ -310,6 +310,7 @@ def _valid_metrics(
     """Both protocols on the validation split, full ranking on the same seeded subset of
     cases as the trained runs' per-epoch validation."""
     from masr.evaluate import evaluate_model
+    from masr.train import compile_pays
 
     return evaluate_model(
         model,
@@ -318,7 +319,7 @@ def _valid_metrics(
         device=device,
         full_sample=options.train.valid_sample,
         sample_seed=options.train.seed,
-        compile=options.compile,
+        compile=options.compile and compile_pays(options.train.time_limit),
     )
 
 
