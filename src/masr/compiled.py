@@ -21,6 +21,18 @@ from typing import Any
 ENV = "MASR_COMPILE"
 
 
+#: a run with a --time-limit below this many seconds trains and validates eagerly even when
+#: compiling is asked for: the first compiled epoch pays about 5-10 s of compiling, later ones
+#: save 10-30%, and a MASS run on the embedded data broke even at about 120 s (docs/training.md)
+MIN_COMPILE_BUDGET = 90.0
+
+
+def compile_pays(time_limit: float) -> bool:
+    """False for a --time-limit too short for ``torch.compile`` to win back its compiling
+    (``MIN_COMPILE_BUDGET``); True without a limit."""
+    return not 0 < time_limit < MIN_COMPILE_BUDGET
+
+
 def compile_allowed() -> bool:
     """False when $MASR_COMPILE is 0/false/no/off."""
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")

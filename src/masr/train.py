@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from masr.adversarial import fast_gradient_deltas, noise_scales, perturbed
 from masr.checkpoint import save_checkpoint
+from masr.compiled import MIN_COMPILE_BUDGET, compile_pays, compile_scores
 from masr.config import AdversarialConfig, TrainConfig
 from masr.dataset import PreparedData
 from masr.distributed import (
@@ -298,16 +299,6 @@ def _sortish(
 VALID_SHARE = 0.25
 #: ... but never fewer than this many (one standard error of a hit@10 near 0.05: ≈ 0.015)
 MIN_VALID_SAMPLE = 200
-#: a run with a --time-limit below this many seconds trains and validates eagerly even when
-#: compiling is asked for: the first compiled epoch pays about 5-10 s of compiling, later ones
-#: save 10-30%, and a MASS run on the embedded data broke even at about 120 s (docs/training.md)
-MIN_COMPILE_BUDGET = 90.0
-
-
-def compile_pays(time_limit: float) -> bool:
-    """False for a --time-limit too short for ``torch.compile`` to win back its compiling
-    (``MIN_COMPILE_BUDGET``); True without a limit."""
-    return not 0 < time_limit < MIN_COMPILE_BUDGET
 
 
 def estimate_validation(
@@ -429,8 +420,6 @@ def train_model(
     index = TrainingIndex.from_data(data, device)
     model.to(device)
     sparse_before = _set_sparse(model, config.sparse)
-    from masr.compiled import compile_scores
-
     compiled = compile_scores(model, compile, device)
     if compiled and not compile_pays(config.time_limit):
         model.compile_scores(False)  # nothing was compiled yet: compiling happens on first use

@@ -329,7 +329,6 @@ class MASS(Recommender):
     def _row_dropout(self) -> bool:
         return self.training and self.config.dropout > 0 and self.config.dropout_mode == "row"
 
-
     def attention(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, C, L) attention weights α (eqs. 16-18) of each candidate over the row's members."""
         mask = batch.member_mask.unsqueeze(1)  # (B, 1, L)

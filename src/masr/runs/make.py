@@ -309,8 +309,8 @@ def _valid_metrics(
 ) -> dict[str, dict[str, float]]:
     """Both protocols on the validation split, full ranking on the same seeded subset of
     cases as the trained runs' per-epoch validation."""
+    from masr.compiled import compile_pays
     from masr.evaluate import evaluate_model
-    from masr.train import compile_pays
 
     return evaluate_model(
         model,
