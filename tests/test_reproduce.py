@@ -114,3 +114,45 @@ def test_reproduce_budget_options() -> None:
     result = runner.invoke(app, ["reproduce", "--patience", "-1"])
     assert result.exit_code != 0 and "--patience" in result.output + result.stderr
     assert "Traceback" not in result.output + result.stderr
+
+
+def test_reproduce_trains_the_baselines_both_ways_and_keeps_the_better_on_validation(
+    planted_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dataclasses import replace
+
+    import masr.reproduce as rep
+    from masr.config import ReproduceConfig
+    from masr.report import evaluate_runs, to_jsonable
+
+    # two baselines keep the test short: one with an --entity (default playlist), one without
+    monkeypatch.setattr(rep, "PAPER_BASELINES", (("mfbpr", "MF-BPR"),))
+    monkeypatch.setattr(rep, "EXTRA_BASELINES", (("pop", "Popularity"),))
+    out = tmp_path / "results"
+    config = ReproduceConfig(time_limit=5, epochs=2, adv_epochs=1, patience=2, dims=(64,),
+                             device="cpu", attention_cases=0)
+    rep.reproduce(planted_dir, out, config)
+    entities = json.loads((out / "entities.json").read_text())
+    assert set(entities) == {"mfbpr"}  # pop has no entity
+    figures = entities["mfbpr"]["valid hit@10"]
+    runs = {"playlist": out / "runs" / "main", "user": out / "runs" / "entity-user"}
+    for entity, runs_dir in runs.items():
+        info = json.loads((runs_dir / "mfbpr" / "run.json").read_text())
+        assert info["model_config"]["entity"] == entity
+        assert figures[entity] == pytest.approx(info["best"]["valid"]["hit@10"])
+    chosen = entities["mfbpr"]["chosen"]
+    assert chosen == max(figures, key=lambda e: (figures[e], e == "playlist"))
+    # Table 2's row is the chosen run's test evaluation
+    data = load_prepared(planted_dir)
+    expected = to_jsonable(evaluate_runs(data, runs[chosen], ["mfbpr"], device="cpu"))["mfbpr"]
+    table2 = json.loads((out / "table2.json").read_text())
+    assert table2["mfbpr"]["sampled"]["hit@10"] == pytest.approx(
+        expected["sampled"]["hit@10"]
+    )
+    report = (out / "report.md").read_text()
+    assert f"| MF-BPR ({chosen}) |" in report and "| Popularity |" in report
+    # --entities default (every run reused here): each baseline at its default entity only
+    rep.reproduce(planted_dir, out, replace(config, entities="default"))
+    assert json.loads((out / "entities.json").read_text()) == {}
+    main = to_jsonable(evaluate_runs(data, runs["playlist"], ["mfbpr"], device="cpu"))["mfbpr"]
+    assert json.loads((out / "table2.json").read_text())["mfbpr"] == main
