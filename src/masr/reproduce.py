@@ -101,7 +101,10 @@ def reproduce(
 
     with stage("Table 2's baselines both ways: user- and playlist-based"):
         tables["entities"] = {}
-        for name in baselines if config.entities == "both" else []:
+        # one playlist a user (e.g. MPD prepared with --user-col naming the playlist column):
+        # user- and playlist-based are the same model, so there is nothing to choose
+        both = config.entities == "both" and data.n_users != data.n_playlists
+        for name in baselines if both else []:
             default = getattr(model_config(name, {}), "entity", None)
             if default is None:
                 continue
