@@ -1,4 +1,4 @@
-"""`masr analyze attention|speed`: the paper's Figures 6 and 7 over trained runs."""
+"""`masr analyze dims|attention|speed`: the paper's Figures 5, 6 and 7 over trained runs."""
 
 from __future__ import annotations
 
@@ -9,13 +9,87 @@ from typing import Annotated
 import typer
 
 from masr.config import SPLITS
-from masr_cli._common import choices, console, handle_errors, unwrap
+from masr_cli._common import Device, choices, console, handle_errors, unwrap
 
 NAME = "analyze"
-HELP = """Analyses of trained runs, each a JSON table and a PNG: attention (Figure 6) and speed
-(Figure 7)."""
+HELP = """Analyses of trained runs, each a JSON table and a PNG: dims (Figure 5), attention
+(Figure 6) and speed (Figure 7)."""
 
 Split = choices("Split", SPLITS)
+
+
+def dims(
+    runs: Annotated[
+        list[Path],
+        typer.Option(
+            metavar="DIR",
+            help="A runs directory trained at one --dim (every run in it with an embedding "
+            "size) or one run directory; repeat for each size.",
+            show_default=False,
+        ),
+    ],
+    data: Annotated[
+        Path, typer.Option(help="Prepared data directory the runs were trained on.")
+    ] = Path("data"),
+    out: Annotated[
+        Path, typer.Option(help="Folder for dims.json and dims.png.")
+    ] = Path("analysis"),
+    model: Annotated[
+        list[str],
+        typer.Option(metavar="RUN", help="Only these runs (repeatable), e.g. mdr, mass, masr."),
+    ] = ["all"],  # noqa: B006 - typer reads the default, nothing mutates it
+    split: Annotated[Split, typer.Option(help="Held-out split that is evaluated.")] = Split.test,
+    full_sample: Annotated[
+        int, typer.Option(help="Full-ranking cases per run, drawn with --seed; 0 = all.")
+    ] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the --full-sample draw.")] = 0,
+    device: Annotated[Device, typer.Option(help="auto picks CUDA when present.")] = Device.auto,
+) -> None:
+    """Quality against the embedding size d, as the paper's Figure 5.
+
+    Train the same models at several sizes, one runs directory per size (e.g. `masr train
+    --model masr --dim 16 --runs runs-d16`), then name the directories here. Each run is
+    evaluated under both protocols (sampled: 100 negatives; full: the whole catalog) and keyed
+    by the d in its run.json. The JSON is {run: {d: {protocol: metrics}}}; the PNG plots
+    hit@10 and ndcg@10 against d, one line per run and protocol. `masr reproduce` draws the
+    same figure for the sizes of its --dims.
+
+    Examples:
+
+      masr analyze dims --runs runs-d8 --runs runs-d16 --runs runs --out analysis
+
+      masr analyze dims --runs runs-d8 --runs runs --model mdr --full-sample 2000
+    """
+    from rich.table import Table
+
+    from masr.analyze import quality_by_dim
+    from masr.atomic import atomic_file
+    from masr.dataset import load_prepared
+    from masr.errors import MasrError
+    from masr.figures import dims_lines, have_matplotlib, plot_dims
+
+    if full_sample < 0:
+        raise MasrError("--full-sample must be >= 0 (0 = every case)")
+    prepared = load_prepared(data)
+    table = quality_by_dim(prepared, runs, model, split=split.value, device=device.value,
+                           full_sample=full_sample, seed=seed, log=console.print)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_file(out / "dims.json", "w") as fh:
+        json.dump(table, fh, indent=2)
+        fh.write("\n")
+    view = Table("run", "d", "sampled hit@10", "sampled ndcg@10", "full hit@10", "full ndcg@10",
+                 title=f"{split.value}: quality against the embedding size")
+    for run, by_dim in table.items():
+        for d, res in by_dim.items():
+            view.add_row(run, d, *(f"{res.get(p, {}).get(m, float('nan')):.4f}"
+                                   for p in ("sampled", "full") for m in ("hit@10", "ndcg@10")))
+    console.print(view)
+    wrote = [out / "dims.json"]
+    if have_matplotlib():
+        wrote.append(plot_dims(dims_lines(table), out / "dims.png"))
+    else:
+        console.print("no PNG: matplotlib is not installed (pip install 'masr[plot]')")
+    console.print(f"wrote {' and '.join(map(str, wrote))}")
 
 
 def attention(
@@ -120,5 +194,5 @@ def speed(
 
 
 app = typer.Typer(name=NAME, help=unwrap(HELP), no_args_is_help=True, add_completion=False)
-for _command in (attention, speed):
+for _command in (dims, attention, speed):
     app.command(name=_command.__name__, help=unwrap(_command.__doc__))(handle_errors(_command))

@@ -11,7 +11,7 @@ from masr_cli.main import app
 runner = CliRunner()
 COMMANDS = (
     "prep", "synth", "train", "evaluate", "export", "score", "reproduce",
-    "analyze attention", "analyze speed",
+    "analyze dims", "analyze attention", "analyze speed",
 )
 
 

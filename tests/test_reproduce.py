@@ -1,4 +1,4 @@
-"""The analyses (Figures 6-7) and `masr reproduce` end to end on tiny planted data."""
+"""The analyses (Figures 5-7) and `masr reproduce` end to end on tiny planted data."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from masr.analyze import attention_correlation, epoch_seconds, pmi_attentive_scores
+from masr.analyze import (
+    attention_correlation,
+    embedding_size,
+    epoch_seconds,
+    pmi_attentive_scores,
+)
 from masr.dataset import PreparedData, load_prepared
 from masr_cli.main import app
 
@@ -66,6 +71,39 @@ def test_analyze_attention_and_speed_on_tiny_runs(planted_dir: Path, tmp_path: P
     speed = json.loads((out / "speed.json").read_text())
     assert speed["mass"]["epochs"] == 2 and speed["mass"]["seconds_per_epoch"] > 0
     assert epoch_seconds([tmp_path / "nowhere"]) == {}
+
+
+def test_analyze_dims_keys_each_run_by_its_embedding_size(
+    planted_dir: Path, tmp_path: Path
+) -> None:
+    common = ["--data", str(planted_dir), "--epochs", "1", "--device", "cpu"]
+    for d in (8, 16):
+        _invoke(["train", "--model", "mdr", "--dim", str(d), "--runs", str(tmp_path / f"d{d}"),
+                 *common])
+    _invoke(["train", "--model", "pop", "--runs", str(tmp_path / "d8"), *common])
+    out = tmp_path / "analysis"
+    args = ["analyze", "dims", "--data", str(planted_dir), "--out", str(out),
+            "--full-sample", "40", "--device", "cpu"]
+    log = _invoke([*args, "--runs", str(tmp_path / "d16"), "--runs", str(tmp_path / "d8")])
+    table = json.loads((out / "dims.json").read_text())
+    assert list(table) == ["mdr"] and list(table["mdr"]) == ["8", "16"]  # pop has no d
+    assert "pop: no embedding size" in " ".join(log.split())  # rich wraps long lines
+    # the same figures as `masr evaluate` gives the d = 16 run on the same cases
+    _invoke(["evaluate", "--data", str(planted_dir), "--runs", str(tmp_path / "d16"),
+             "--model", "mdr", "--full-sample", "40", "--device", "cpu",
+             "--json", str(tmp_path / "eval.json")])
+    evaluated = json.loads((tmp_path / "eval.json").read_text())
+    assert table["mdr"]["16"] == evaluated["mdr"]
+    assert (out / "dims.png").stat().st_size > 0
+    # a run directory works as an entry; the same run at the same d twice is one clear error
+    _invoke([*args, "--runs", str(tmp_path / "d8" / "mdr"), "--model", "mdr"])
+    assert list(json.loads((out / "dims.json").read_text())["mdr"]) == ["8"]
+    twice = runner.invoke(app, [*args, "--runs", str(tmp_path / "d8"),
+                                "--runs", str(tmp_path / "d8" / "mdr")])
+    assert twice.exit_code == 1 and "d=8 is in two --runs entries" in twice.stderr
+    assert "Traceback" not in twice.stderr
+    assert embedding_size({"model_config": {"mdr": {"dim": 32}, "mass": {"dim": 32}}}) == 32
+    assert embedding_size({"model_config": {"mdr": {"dim": 32}, "mass": {"dim": 64}}}) is None
 
 
 def test_reproduce_end_to_end_then_reuses_every_run(planted_dir: Path, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""The paper's analyses over trained runs (section 5.5): attention against PMI (Figure 6) and
-seconds per epoch (Figure 7).
+"""The paper's analyses over trained runs (section 5.5): quality against the embedding size
+(Figure 5), attention against PMI (Figure 6) and seconds per epoch (Figure 7).
 
 * ``pmi_attentive_scores``: for a held-out song k of a playlist and each member song t,
   PMI(k, t) = log P(k, t) / (P(k) P(t)) over the training playlists (P(x): the share of
@@ -8,6 +8,8 @@ seconds per epoch (Figure 7).
   members never co-occur with k has no distribution and is skipped.
 * ``attention_correlation``: Pearson's ρ between those scores and the attention weights α
   (eq. 18) that a MASS model gives the same members for the same held-out song.
+* ``quality_by_dim``: each run's test metrics keyed by its embedding size d, over runs
+  directories trained at different ``--dim``; ``embedding_size`` reads d from a run.json.
 * ``epoch_seconds``: mean training seconds per epoch of runs, read from their run.json.
 
 Torch is imported inside the functions that need it.
@@ -183,3 +185,67 @@ def epoch_seconds(run_dirs: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
             "device": info.get("device"),
         }
     return out
+
+
+def embedding_size(info: dict[str, Any]) -> int | None:
+    """A run's embedding size d from its run.json: the model's ``dim``, or for a fusion the
+    ``dim`` its parts share; None for runs without one (popularity, item-kNN) or a fusion of
+    parts of different sizes."""
+    config = info.get("model_config") or {}
+    if "dim" in config:
+        return int(config["dim"])
+    parts = [part for part in config.values() if isinstance(part, dict) and "dim" in part]
+    dims = {int(part["dim"]) for part in parts}
+    return dims.pop() if len(dims) == 1 else None
+
+
+def quality_by_dim(
+    data: PreparedData,
+    runs: Sequence[str | Path],
+    names: Sequence[str] = ("all",),
+    *,
+    split: str = "test",
+    device: str = "auto",
+    full_sample: int = 0,
+    seed: int = 0,
+    log: Any = None,
+) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+    """Figure 5: {run: {d: {protocol: metrics}}}, d ascending, for the runs named ``names``
+    ("all" = every run) in each entry of ``runs``: a runs directory (e.g. one per ``--dim``)
+    or one run directory. Runs without an embedding size are left out (logged); the same run
+    at the same d in two entries is an error, since the figure would have to drop one."""
+    from masr.report import evaluate_runs, to_jsonable
+    from masr.runs.store import available_runs, read_run_json
+
+    say = log or (lambda _msg: None)
+    table: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    for entry in map(Path, runs):
+        runs_dir, found = (
+            (entry.parent, [entry.name]) if (entry / "best.pt").is_file()
+            else (entry, available_runs(entry))
+        )
+        if not found:
+            raise MasrError(f"--runs {entry}: no trained run (a runs directory or a run's own)")
+        wanted = found if "all" in names else [n for n in found if n in names]
+        sized: dict[str, int] = {}
+        for run in wanted:
+            d = embedding_size(read_run_json(runs_dir / run) or {})
+            if d is None:
+                say(f"{runs_dir / run}: no embedding size, left out")
+                continue
+            if str(d) in table.get(run, {}):
+                raise MasrError(
+                    f"{run} at d={d} is in two --runs entries (the second: {runs_dir / run}); "
+                    "give one runs directory per embedding size"
+                )
+            sized[run] = d
+        if not sized:
+            continue
+        results = evaluate_runs(data, runs_dir, list(sized), split=split, device=device,
+                                full_sample=full_sample, sample_seed=seed, log=say)
+        for run, res in to_jsonable(results).items():
+            table.setdefault(run, {})[str(sized[run])] = res
+    if not table:
+        raise MasrError("no run with an embedding size among --runs (e.g. mdr, mass, masr)")
+    return {run: dict(sorted(by_dim.items(), key=lambda kv: int(kv[0])))
+            for run, by_dim in table.items()}

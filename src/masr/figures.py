@@ -56,6 +56,19 @@ def save_png(fig: Any, path: Path, *, dpi: int = 110, option: str = "") -> Path:
     return path
 
 
+def dims_lines(
+    table: dict[str, dict[str, dict[str, dict[str, float]]]],
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Figure 5's lines from {run: {d: {protocol: metrics}}}: one per run and protocol,
+    labelled "<run> (<protocol>)", as ``plot_dims`` takes them."""
+    protocols = sorted({p for by_dim in table.values() for res in by_dim.values() for p in res},
+                       key=lambda p: (p != "sampled", p))
+    return {
+        f"{run} ({protocol})": {d: res[protocol] for d, res in by_dim.items() if protocol in res}
+        for run, by_dim in table.items() for protocol in protocols
+    }
+
+
 def plot_dims(table: dict[str, dict[str, dict[str, float]]], path: str | Path) -> Path:
     """Figure 5: ``table`` {run: {dim: {metric: value}}} as hit@10 and ndcg@10 against d."""
     plt = pyplot()
