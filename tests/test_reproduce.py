@@ -102,6 +102,8 @@ def test_analyze_dims_keys_each_run_by_its_embedding_size(
                                 "--runs", str(tmp_path / "d8" / "mdr")])
     assert twice.exit_code == 1 and "d=8 is in two --runs entries" in twice.stderr
     assert "Traceback" not in twice.stderr
+    typo = runner.invoke(app, [*args, "--runs", str(tmp_path / "d8"), "--model", "mdrr"])
+    assert typo.exit_code == 1 and "--model mdrr: no such trained run" in typo.stderr
     assert embedding_size({"model_config": {"mdr": {"dim": 32}, "mass": {"dim": 32}}}) == 32
     assert embedding_size({"model_config": {"mdr": {"dim": 32}, "mass": {"dim": 64}}}) is None
 

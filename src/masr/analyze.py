@@ -219,6 +219,7 @@ def quality_by_dim(
 
     say = log or (lambda _msg: None)
     table: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    seen: set[str] = set()
     for entry in map(Path, runs):
         runs_dir, found = (
             (entry.parent, [entry.name]) if (entry / "best.pt").is_file()
@@ -227,6 +228,7 @@ def quality_by_dim(
         if not found:
             raise MasrError(f"--runs {entry}: no trained run (a runs directory or a run's own)")
         wanted = found if "all" in names else [n for n in found if n in names]
+        seen.update(found)
         sized: dict[str, int] = {}
         for run in wanted:
             d = embedding_size(read_run_json(runs_dir / run) or {})
@@ -245,6 +247,9 @@ def quality_by_dim(
                                 full_sample=full_sample, sample_seed=seed, log=say)
         for run, res in to_jsonable(results).items():
             table.setdefault(run, {})[str(sized[run])] = res
+    missing = [n for n in names if n != "all" and n not in seen]
+    if missing:
+        raise MasrError(f"--model {', '.join(missing)}: no such trained run in any --runs entry")
     if not table:
         raise MasrError("no run with an embedding size among --runs (e.g. mdr, mass, masr)")
     return {run: dict(sorted(by_dim.items(), key=lambda kv: int(kv[0])))
