@@ -100,7 +100,7 @@ def test_analyze_dims_keys_each_run_by_its_embedding_size(
     assert list(json.loads((out / "dims.json").read_text())["mdr"]) == ["8"]
     twice = runner.invoke(app, [*args, "--runs", str(tmp_path / "d8"),
                                 "--runs", str(tmp_path / "d8" / "mdr")])
-    assert twice.exit_code == 1 and "d=8 is in two --runs entries" in twice.stderr
+    assert twice.exit_code == 1 and "d=8 is in two --runs entries" in " ".join(twice.stderr.split())
     assert "Traceback" not in twice.stderr
     typo = runner.invoke(app, [*args, "--runs", str(tmp_path / "d8"), "--model", "mdrr"])
     assert typo.exit_code == 1 and "--model mdrr: no such trained run" in typo.stderr

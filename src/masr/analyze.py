@@ -218,7 +218,9 @@ def quality_by_dim(
     from masr.runs.store import available_runs, read_run_json
 
     say = log or (lambda _msg: None)
-    table: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    # every entry is read and checked before anything is evaluated (evaluation is the cost)
+    plan: list[tuple[Path, dict[str, int]]] = []
+    placed: dict[tuple[str, int], Path] = {}
     seen: set[str] = set()
     for entry in map(Path, runs):
         runs_dir, found = (
@@ -227,30 +229,32 @@ def quality_by_dim(
         )
         if not found:
             raise MasrError(f"--runs {entry}: no trained run (a runs directory or a run's own)")
-        wanted = found if "all" in names else [n for n in found if n in names]
         seen.update(found)
         sized: dict[str, int] = {}
-        for run in wanted:
+        for run in found if "all" in names else [n for n in found if n in names]:
             d = embedding_size(read_run_json(runs_dir / run) or {})
             if d is None:
                 say(f"{runs_dir / run}: no embedding size, left out")
                 continue
-            if str(d) in table.get(run, {}):
+            if (run, d) in placed:
                 raise MasrError(
-                    f"{run} at d={d} is in two --runs entries (the second: {runs_dir / run}); "
-                    "give one runs directory per embedding size"
+                    f"{run} at d={d} is in two --runs entries ({placed[run, d]} and "
+                    f"{runs_dir / run}); give one runs directory per embedding size"
                 )
+            placed[run, d] = runs_dir / run
             sized[run] = d
-        if not sized:
-            continue
+        if sized:
+            plan.append((runs_dir, sized))
+    missing = [n for n in names if n != "all" and n not in seen]
+    if missing:
+        raise MasrError(f"--model {', '.join(missing)}: no such trained run in any --runs entry")
+    if not plan:
+        raise MasrError("no run with an embedding size among --runs (e.g. mdr, mass, masr)")
+    table: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    for runs_dir, sized in plan:
         results = evaluate_runs(data, runs_dir, list(sized), split=split, device=device,
                                 full_sample=full_sample, sample_seed=seed, log=say)
         for run, res in to_jsonable(results).items():
             table.setdefault(run, {})[str(sized[run])] = res
-    missing = [n for n in names if n != "all" and n not in seen]
-    if missing:
-        raise MasrError(f"--model {', '.join(missing)}: no such trained run in any --runs entry")
-    if not table:
-        raise MasrError("no run with an embedding size among --runs (e.g. mdr, mass, masr)")
     return {run: dict(sorted(by_dim.items(), key=lambda kv: int(kv[0])))
             for run, by_dim in table.items()}
