@@ -51,8 +51,8 @@ def dims(
     --model masr --dim 16 --runs runs-d16`), then name the directories here. Each run is
     evaluated under both protocols (sampled: 100 negatives; full: the whole catalog) and keyed
     by the d in its run.json. The JSON is {run: {d: {protocol: metrics}}}; the PNG plots
-    hit@10 and ndcg@10 against d, one line per run and protocol. `masr reproduce` draws the
-    same figure for the sizes of its --dims.
+    hit@10 and ndcg@10 against d, one line per run, one row of panels per protocol. `masr
+    reproduce` draws the same figure for the sizes of its --dims.
 
     Examples:
 
@@ -66,7 +66,7 @@ def dims(
     from masr.atomic import atomic_file
     from masr.dataset import load_prepared
     from masr.errors import MasrError
-    from masr.figures import dims_lines, have_matplotlib, plot_dims
+    from masr.figures import have_matplotlib, plot_dims
 
     if full_sample < 0:
         raise MasrError("--full-sample must be >= 0 (0 = every case)")
@@ -86,7 +86,7 @@ def dims(
     console.print(view)
     wrote = [out / "dims.json"]
     if have_matplotlib():
-        wrote.append(plot_dims(dims_lines(table), out / "dims.png"))
+        wrote.append(plot_dims(table, out / "dims.png"))
     else:
         console.print("no PNG: matplotlib is not installed (pip install 'masr[plot]')")
     console.print(f"wrote {' and '.join(map(str, wrote))}")

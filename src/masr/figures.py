@@ -56,34 +56,30 @@ def save_png(fig: Any, path: Path, *, dpi: int = 110, option: str = "") -> Path:
     return path
 
 
-def dims_lines(
-    table: dict[str, dict[str, dict[str, dict[str, float]]]],
-) -> dict[str, dict[str, dict[str, float]]]:
-    """Figure 5's lines from {run: {d: {protocol: metrics}}}: one per run and protocol,
-    labelled "<run> (<protocol>)", as ``plot_dims`` takes them."""
-    protocols = sorted({p for by_dim in table.values() for res in by_dim.values() for p in res},
-                       key=lambda p: (p != "sampled", p))
-    return {
-        f"{run} ({protocol})": {d: res[protocol] for d, res in by_dim.items() if protocol in res}
-        for run, by_dim in table.items() for protocol in protocols
-    }
-
-
-def plot_dims(table: dict[str, dict[str, dict[str, float]]], path: str | Path) -> Path:
-    """Figure 5: ``table`` {run: {dim: {metric: value}}} as hit@10 and ndcg@10 against d."""
+def plot_dims(
+    table: dict[str, dict[str, dict[str, dict[str, float]]]], path: str | Path
+) -> Path:
+    """Figure 5: ``table`` {run: {d: {protocol: metrics}}} as hit@10 and ndcg@10 against d,
+    one row of panels per protocol (sampled, then full), so that each keeps its own scale (a
+    full-ranking hit@10 is often a tenth of the sampled one); a run has one colour throughout."""
     plt = pyplot()
     metrics = ("hit@10", "ndcg@10")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric in zip(axes, metrics, strict=True):
-        for run, by_dim in table.items():
-            dims = sorted(by_dim, key=int)
-            ax.plot([int(d) for d in dims], [by_dim[d][metric] for d in dims], marker="o",
-                    label=run)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("embedding size d")
-        ax.set_ylabel(metric)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    protocols = sorted({p for by_dim in table.values() for res in by_dim.values() for p in res},
+                       key=lambda p: (p != "sampled", p))
+    fig, axes = plt.subplots(max(1, len(protocols)), 2, figsize=(10, 3.6 * max(1, len(protocols))),
+                             squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for row, protocol in zip(axes, protocols, strict=False):
+        for ax, metric in zip(row, metrics, strict=True):
+            for i, (run, by_dim) in enumerate(table.items()):
+                dims = sorted((d for d in by_dim if protocol in by_dim[d]), key=int)
+                ax.plot([int(d) for d in dims], [by_dim[d][protocol][metric] for d in dims],
+                        marker="o", label=run, color=colours[i % len(colours)])
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("embedding size d")
+            ax.set_ylabel(f"{metric} ({protocol})")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
     return save_png(fig, Path(path))
 
 

@@ -287,22 +287,15 @@ def _write_tables(out: Path, tables: dict[str, Any]) -> list[Path]:
 
 
 def _write_figures(out: Path, tables: dict[str, Any], pairs: list[Any]) -> list[Path]:
-    from masr.figures import (
-        dims_lines,
-        have_matplotlib,
-        plot_attention,
-        plot_dims,
-        plot_epoch_seconds,
-    )
+    from masr.figures import have_matplotlib, plot_attention, plot_dims, plot_epoch_seconds
     from masr.report import plot_hit_curves
 
     if not have_matplotlib():
         return []
-    dims = dims_lines(tables["fig5_dims"])
     speed = {run: v["seconds_per_epoch"] for run, v in tables["fig7_speed"].items()}
     return [
         plot_hit_curves(tables["table2"], out / "fig4_hits.png", title="test"),
-        plot_dims(dims, out / "fig5_dims.png"),
+        plot_dims(tables["fig5_dims"], out / "fig5_dims.png"),
         plot_attention(
             {p.label: (p.pmi.tolist(), p.weight.tolist(), p.pearson) for p in pairs},
             out / "fig6_attention.png",
