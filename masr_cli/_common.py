@@ -7,7 +7,8 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -29,6 +30,9 @@ def choices(name: str, values: tuple[str, ...]) -> Any:
 
 #: --device of train, evaluate and score: auto picks CUDA when it is usable
 Device = choices("Device", DEVICES)
+
+#: --data of the commands that read trained runs (evaluate, analyze); default Path("data")
+RunsData = Annotated[Path, typer.Option(help="Prepared data directory the runs were trained on.")]
 
 
 def unwrap(doc: str | None) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from masr.config import SPLITS
-from masr_cli._common import Device, choices, console, handle_errors, unwrap
+from masr_cli._common import Device, RunsData, choices, console, handle_errors, unwrap
 
 NAME = "analyze"
 HELP = """Analyses of trained runs, each a JSON table and a PNG: dims (Figure 5), attention
@@ -28,9 +28,7 @@ def dims(
             show_default=False,
         ),
     ],
-    data: Annotated[
-        Path, typer.Option(help="Prepared data directory the runs were trained on.")
-    ] = Path("data"),
+    data: RunsData = Path("data"),
     out: Annotated[
         Path, typer.Option(help="Folder for dims.json and dims.png.")
     ] = Path("analysis"),
@@ -65,11 +63,8 @@ def dims(
     from masr.analyze import quality_by_dim
     from masr.atomic import atomic_file
     from masr.dataset import load_prepared
-    from masr.errors import MasrError
     from masr.figures import have_matplotlib, plot_dims
 
-    if full_sample < 0:
-        raise MasrError("--full-sample must be >= 0 (0 = every case)")
     prepared = load_prepared(data)
     table = quality_by_dim(prepared, runs, model, split=split.value, device=device.value,
                            full_sample=full_sample, seed=seed, log=console.print)
@@ -102,9 +97,7 @@ def attention(
             show_default=False,
         ),
     ],
-    data: Annotated[
-        Path, typer.Option(help="Prepared data directory the runs were trained on.")
-    ] = Path("data"),
+    data: RunsData = Path("data"),
     out: Annotated[
         Path, typer.Option(help="Folder for attention.json and attention.png.")
     ] = Path("analysis"),

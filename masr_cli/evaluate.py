@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from masr.config import SPLITS
-from masr_cli._common import Device, choices, console
+from masr_cli._common import Device, RunsData, choices, console
 
 NAME = "evaluate"
 
@@ -20,9 +20,7 @@ Split = choices("Split", SPLITS)
 
 
 def command(
-    data: Annotated[
-        Path, typer.Option(help="Prepared data directory the runs were trained on.")
-    ] = Path("data"),
+    data: RunsData = Path("data"),
     runs: Annotated[Path, typer.Option(help="Runs directory (output of `masr train`).")] = Path(
         "runs"
     ),
@@ -123,8 +121,6 @@ def command(
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise MasrError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
-    if full_sample < 0:
-        raise MasrError("--full-sample must be >= 0 (0 = every case)")
     prepared = load_prepared(data)
     names = model or ["all"]
     results = evaluate_runs(

@@ -64,6 +64,8 @@ def evaluate_runs(
 
     log = log or (lambda _msg: None)
     alphas = [check_alpha(a) for a in alphas]  # before any work
+    if full_sample < 0:
+        raise MasrError("--full-sample must be >= 0 (0 = every case)")
     runs_dir = Path(runs_dir)
     wanted: list[str] = []
     for n in names:
