@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_sampling import make_data, playlist_sets
@@ -81,6 +82,30 @@ def test_every_song_once_without_correction_is_the_full_softmax(
         ]
         want.append(-logits[0] + math.log(sum(math.exp(x) for x in logits)))
     assert float(got.detach()) == pytest.approx(float(np.mean(want)), rel=1e-9)
+
+
+def test_fused_cross_entropy_equals_masked_cross_entropy_with_gradients() -> None:
+    """softmax_loss's one-node cross-entropy: the value and ∂/∂o of logits = shift - o / τ,
+    closed negatives -inf, through F.cross_entropy with target 0 (float64, random closures,
+    an upstream gradient other than 1)."""
+    from masr.train import _SharedSoftmaxCE
+
+    gen = torch.Generator().manual_seed(4)
+    b, n, tau = 23, 31, 0.2
+    o = torch.randn(b, 1 + n, dtype=torch.float64, generator=gen).requires_grad_()
+    shift = torch.randn(1 + n, dtype=torch.float64, generator=gen)
+    closed = torch.rand(b, n, generator=gen) < 0.3
+    closed[0] = True  # a row whose every negative is closed: only the positive is left
+    logits = torch.add(shift, o, alpha=-1.0 / tau).masked_fill(F.pad(closed, (1, 0)), -math.inf)
+    want = F.cross_entropy(logits, torch.zeros(b, dtype=torch.long))
+    (want_grad,) = torch.autograd.grad(2.5 * want, o)
+    got = _SharedSoftmaxCE.apply(o, shift, closed, 1.0 / tau)
+    (got_grad,) = torch.autograd.grad(2.5 * got, o)
+    assert float(got) == pytest.approx(float(want), rel=1e-12)
+    assert torch.allclose(got_grad, want_grad, atol=1e-12)
+    # the transposed view members_among returns is read the same way
+    got_t = _SharedSoftmaxCE.apply(o, shift, closed.t().contiguous().t(), 1.0 / tau)
+    assert float(got_t) == pytest.approx(float(want), rel=1e-12)
 
 
 class _Index:

@@ -103,6 +103,7 @@ def is_training_pair(index: TrainingIndex, playlists: Tensor, songs: Tensor) -> 
 
 def members_among(index: TrainingIndex, playlists: Tensor, songs: Tensor) -> Tensor:
     """(B, N) bool: is ``songs[j]`` (N,) one of the training songs of ``playlists[i]`` (B,)?
+    (A transposed view of an (N, B) tensor: ``.contiguous()`` it where the layout matters.)
 
     The same as ``is_training_pair`` on the (B, N) grid, but walks the batch's member lists
     (B x playlist length entries) instead of searching B x N keys: with thousands of shared
@@ -117,10 +118,12 @@ def members_among(index: TrainingIndex, playlists: Tensor, songs: Tensor) -> Ten
                                     lengths)  # (T,) CSR offset of each entry's list minus its rank
     member = index.song[start + torch.arange(row.numel(), device=index.device)]  # (T,)
     col = slot[member]  # (T,) -1 when the member is not among the songs
-    hit = torch.zeros((b, uniq.numel()), dtype=torch.bool, device=index.device)  # (B, U)
+    # built song-major, (U, B): gathering whole rows by ``inverse`` is a copy of contiguous
+    # runs, where gathering columns of a (B, U) tensor is a strided loop (~50x slower on a CPU)
+    hit = torch.zeros((uniq.numel(), b), dtype=torch.bool, device=index.device)  # (U, B)
     keep = col >= 0
-    hit[row[keep], col[keep]] = True
-    return hit[:, inverse]  # (B, N)
+    hit[col[keep], row[keep]] = True
+    return hit.index_select(0, inverse).t()  # (B, N), a transposed view
 
 
 def sample_negatives(

@@ -227,11 +227,34 @@ def softmax_loss(
     o = model.distance_own_shared(batch, positives, negatives)  # (B, 1+N), column 0 the positive
     # logits -o / τ, each negative's lowered by log E[its count]; the positive's left as it is
     shift = -F.pad(log_expected, (1, 0)) if log_expected is not None else o.new_zeros(())
-    logits = torch.add(shift, o, alpha=-1.0 / temperature)  # (B, 1+N)
-    closed = torch.cat([is_member.new_zeros(is_member.shape[0], 1), is_member], dim=1)
-    logits = logits.masked_fill(closed, float("-inf"))
-    target = torch.zeros(o.shape[0], dtype=torch.long, device=o.device)
-    return F.cross_entropy(logits, target)  # mean of logsumexp(logits) - logits[:, 0]
+    return _SharedSoftmaxCE.apply(o, shift.to(o.dtype), is_member, 1.0 / temperature)
+
+
+class _SharedSoftmaxCE(torch.autograd.Function):
+    """``softmax_loss``'s cross-entropy in one autograd node: from the distances o (B, 1+N)
+    (column 0 the positive), the logit shift (1+N,) and the closed negatives (B, N), the mean
+    of logsumexp(logits) - logits[:, 0] with logits = shift - o / τ (closed ones -inf); the
+    gradient ∂/∂o = (e_0 - softmax(logits)) / (τ B) is written out in the logits' storage.
+    The same value and gradient as masked_fill + F.cross_entropy, without their (B, 1+N)
+    intermediates (tests/test_fullrank.py compares both in float64)."""
+
+    @staticmethod
+    def forward(ctx: Any, o: Tensor, shift: Tensor, closed: Tensor, scale: float) -> Tensor:  # noqa: D102
+        logits = torch.add(shift, o, alpha=-scale)  # (B, 1+N)
+        logits[:, 1:].masked_fill_(closed, float("-inf"))
+        lse = torch.logsumexp(logits, dim=1)  # (B,)
+        ctx.save_for_backward(logits, lse)
+        ctx.scale = scale
+        return (lse - logits[:, 0]).mean()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:  # noqa: D102
+        logits, lse = ctx.saved_tensors
+        prob = logits.sub_(lse.unsqueeze(1)).exp_()  # softmax; the closed negatives get 0
+        prob[:, 0] -= 1.0
+        # ∂loss/∂logits = (softmax - e_0) / B, and ∂logits/∂o = -1/τ
+        return prob.mul_(grad * (-ctx.scale / logits.shape[0])), None, None, None
 
 
 def _step_loss(

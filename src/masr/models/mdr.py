@@ -280,13 +280,15 @@ class MDR(Recommender):
         bias = self.song_bias(songs).squeeze(-1)  # (B + N,)
         w_sum, row_term, lhs = self._row_parts(self._weighted_sides(batch))
         s_own, s_shared = s[:n_rows], s[n_rows:]
-        cross_own = (lhs * s_own).sum(-1, keepdim=True)  # (B, 1)
-        cross = torch.cat([cross_own, lhs @ s_shared.T], dim=1)  # (B, 1 + N)
-        # Σ_x w_x·s² + θ_s; w_sum is (d,), or (B, d) per row under row dropout
-        own_term = weighted_sum(s_own.square(), w_sum) + bias[:n_rows]  # (B,)
-        shared_term = (w_sum @ s_shared.square().T + bias[n_rows:]).expand(n_rows, -1)  # (B, N)
-        song_terms = torch.cat([own_term.unsqueeze(1), shared_term], dim=1)  # (B, 1 + N)
-        return row_term.unsqueeze(1) - 2.0 * cross + song_terms
+        # the own song: Σ_x w_x·x² - 2 (Σ_x w_x⊙x)·s + Σ_x w_x·s² + θ_s, row by row      (B,)
+        own_col = row_term - 2.0 * (lhs * s_own).sum(-1)
+        own_col = own_col + weighted_sum(s_own.square(), w_sum) + bias[:n_rows]
+        # the shared songs: Σ_x w_x·s² + θ_s per song (N,), or per row and song (B, N) under
+        # row dropout, added to -2 (Σ_x w_x⊙x)·s by the GEMM itself (addmm), then the row term
+        song_term = torch.addmm(bias[n_rows:], w_sum, s_shared.square().T) if w_sum.dim() == 2 \
+            else s_shared.square() @ w_sum + bias[n_rows:]
+        shared_col = torch.addmm(song_term, lhs, s_shared.T, alpha=-2.0) + row_term.unsqueeze(1)
+        return torch.cat([own_col.unsqueeze(1), shared_col], dim=1)  # (B, 1 + N)
 
     def full_distance(self, batch: Batch, chunk: int = 8192) -> Tensor:
         """(B, V) eq. 11 against every catalog song, in GEMM form (one (B, d) x (d, V) product;
