@@ -3,7 +3,7 @@
     python benchmarks/bench_train.py [--models mdr,mass] [--batch-sizes 256,default]
                                      [--cores 2] [--max-seconds 120] [--skip-cuda]
                                      [--set dropout=0] [--dense-too] [--one-thread-too]
-                                     [--recipes paper,fullrank]
+                                     [--recipes paper,fullrank] [--repeat 3]
 
 --recipes times each `masr train --recipe` (masr.config.RECIPES: its loss, negatives, sampler
 and model settings) in the same run, so their epochs compare on the same machine and load
@@ -18,8 +18,11 @@ while the input is unchanged. Each measurement is one
 epoch of the real training loop (`masr.train.train_model`: sampling, forward, backward, lazy
 Adam), validation excluded. On CPU the process is pinned to --cores cores with as many torch
 threads (also 1 thread with --one-thread-too); an epoch still running after --max-seconds is
-stopped and its time extrapolated from the steps done (marked "extrapolated"). Figures go to
-bench-out/train.json and a summary to stderr.
+stopped and its time extrapolated from the steps done (marked "extrapolated"). --repeat N
+times each configuration N times in turn (round-robin over the configurations, so a slow spell
+of the machine touches all of them) and reports the median, with every figure kept: epochs on
+a small shared CPU vary by 10-20% between identical runs. Figures go to bench-out/train.json
+and a summary to stderr.
 """
 
 from __future__ import annotations
@@ -139,6 +142,16 @@ def one_epoch(
     }
 
 
+def median_of(repeats: list[dict]) -> dict:
+    """One configuration's result from its repeats: the median epoch (the lower middle one of
+    an even count), with every repeat's seconds under "repeats"."""
+    ordered = sorted(repeats, key=lambda r: r["seconds_per_epoch"])
+    result = dict(ordered[(len(ordered) - 1) // 2])
+    result["repeats"] = [r["seconds_per_epoch"] for r in repeats]
+    result["extrapolated"] = any(r["extrapolated"] for r in repeats)
+    return result
+
+
 def implicit_epoch(data, threads: int) -> dict | None:
     """Seconds of one BPR epoch of `implicit` (the yardstick of issue 13; installed by the bench
     session only, never a masr dependency) on the same training rows: playlist x song, d = 64,
@@ -202,7 +215,15 @@ def main(argv: list[str]) -> int:
         default="paper,fullrank",
         help="comma list of masr train recipes to time side by side",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="time each configuration this many times, round-robin; report the median",
+    )
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
 
     source = Path(os.environ.get("MASR_BENCH_DATA", DEFAULT_DATA))
     if not source.is_file() and not (source / "manifest.json").is_file():
@@ -246,19 +267,29 @@ def main(argv: list[str]) -> int:
                 for b in sizes
                 for s in (True, False)[: 1 + args.dense_too]
             ]
-            for bs, sparse, recipe in runs:
-                settings = parse_settings([model], args.set)
-                r = one_epoch(
-                    model, data, device, bs, args.max_seconds, sparse, settings, recipe,
-                    args.compile,
-                )
+            timed: dict[tuple, list[dict]] = {}
+            for _ in range(args.repeat):  # round-robin: each repeat times every configuration
+                for bs, sparse, recipe in runs:
+                    settings = parse_settings([model], args.set)
+                    timed.setdefault((bs, sparse, recipe), []).append(
+                        one_epoch(
+                            model, data, device, bs, args.max_seconds, sparse, settings, recipe,
+                            args.compile,
+                        )
+                    )
+            for (bs, sparse, recipe), repeats in timed.items():
+                r = median_of(repeats)
                 r["tensor_pages"] = pages
                 results.append(r)
                 mark = " (extrapolated)" if r["extrapolated"] else ""
+                spread = (
+                    f" (median of {len(repeats)}: {min(r['repeats']):.2f}-{max(r['repeats']):.2f})"
+                    if len(repeats) > 1 else ""
+                )
                 print(
                     f"{model:5s} {device:4s} {recipe:8s} threads={r['threads']} batch={bs:6d} "
                     f"{'sparse' if sparse else 'dense '} {' '.join(args.set)}: "
-                    f"{r['seconds_per_epoch']:8.2f} s/epoch{mark}  target {r['target_s']}",
+                    f"{r['seconds_per_epoch']:8.2f} s/epoch{mark}{spread}  target {r['target_s']}",
                     file=sys.stderr,
                 )
     yardstick = implicit_epoch(data, cores or 1) if not args.skip_cpu else None
