@@ -134,13 +134,19 @@ def all_songs(batch: Batch) -> torch.Tensor:
 
 # --- MDR ---------------------------------------------------------------------------------------
 def test_mdr_distance_matches_eq_11() -> None:
+    """Both ways of MDR's song terms: per catalog song and gathered (no gradients, at least a
+    catalog's worth of candidates: 6 x 4 >= 23) and from the candidates' rows (gradients on,
+    or fewer candidates)."""
     model, batch = make_mdr(), make_batch()
     songs = candidates(batch)
     with torch.no_grad():
         got = model.distance(batch, songs)
-    assert torch.allclose(
-        got, torch.tensor(ref_mdr(model, batch, songs), dtype=got.dtype), atol=1e-10
-    )
+        few = model.distance(batch, songs[:, :2])
+    with_grad = model.distance(batch, songs)
+    want = torch.tensor(ref_mdr(model, batch, songs), dtype=got.dtype)
+    assert torch.allclose(got, want, atol=1e-10)
+    assert torch.allclose(few, want[:, :2], atol=1e-10)
+    assert torch.allclose(with_grad.detach(), want, atol=1e-10)
 
 
 def test_mdr_full_distance_equals_distance_over_all_songs() -> None:

@@ -150,7 +150,7 @@ def full_ranks(
     songs (ties against it), from ``model.full_distance``."""
     import torch
 
-    from masr.sampling import context_batch
+    from masr.sampling import context_batch, playlist_members
 
     v = index.n_songs
     if batch_size is None:
@@ -162,10 +162,15 @@ def full_ranks(
         for _, playlists, target in _batches(order, cases, index, batch_size):
             batch = context_batch(index, playlists, uses_members=model.uses_members)
             d = _clean(model.full_distance(batch))  # (B, V)
-            excluded = _training_songs(index, playlists, v)  # (B, V)
-            excluded.scatter_(1, target, True)  # the held-out song does not compete with itself
             d_target = d.gather(1, target)  # (B, 1)
-            rank = ((d <= d_target) & ~excluded).sum(1)  # (B,)
+            # every song at or below the held-out one, then less the ones that do not compete:
+            # the held-out song itself and the playlist's training songs (a playlist's training
+            # songs are distinct: TrainingIndex.keys is strictly ascending), counted on their
+            # (B, L) list rather than through a (B, V) mask
+            rank = (d <= d_target).sum(1) - 1  # (B,)
+            songs, real = playlist_members(index, playlists)  # (B, L)
+            real &= songs != target
+            rank -= ((d.gather(1, songs) <= d_target) & real).sum(1)
             out.append(rank.cpu())
     return _unsort(out, order)
 
