@@ -94,6 +94,22 @@ def test_train_again_reuses_the_chain(amasr_runs: tuple[Path, Path, str]) -> Non
     assert stamps == {r: (runs / r / "best.pt").stat().st_mtime_ns for r in stamps}
 
 
+def test_a_finished_run_is_never_replaced_silently(tmp_path: Path) -> None:
+    """A prerequisite made with other options is trained again (its signature differs); stderr
+    names the run and what changed before the old one is overwritten."""
+    from conftest import write_planted
+
+    data, runs = write_planted(tmp_path / "data"), tmp_path / "runs"
+    base = ["train", "--data", str(data), "--runs", str(runs), *TINY]
+    first = _ok([*base, "--model", "mdr"])
+    assert "replacing" not in first.stderr
+    again = _ok([*base, "--model", "amdr", "--time-limit", "500"])
+    assert "mdr: replacing the finished run in" in again.stderr
+    assert "train.time_limit 0.0 -> 500.0" in again.stderr
+    same = _ok([*base, "--model", "mdr", "--time-limit", "500"])  # asked for by name
+    assert "mdr: replacing the finished run in" in same.stderr and "asked for" in same.stderr
+
+
 def test_evaluate_selected_models_json_file_and_plot(
     amasr_runs: tuple[Path, Path, str], tmp_path: Path
 ) -> None:

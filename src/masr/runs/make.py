@@ -208,6 +208,11 @@ def _build(
         )
 
     if resume_state is None:
+        if info is not None and info.get("status") == "finished":
+            # say so before a finished run (maybe hours of training) is overwritten
+            changed = differences(info.get("signature", {}), sig)
+            why = f"other data or options ({', '.join(changed[:4])})" if changed else "asked for"
+            log(f"{run}: replacing the finished run in {run_dir}: {why}")
         clear(run_dir)
     started = time.perf_counter()
     info = {
