@@ -30,10 +30,9 @@ CHAIN=${CHAIN:-$WORK/chain}
 # (e.g. .aotm/, excluded from git and named in the call's carry). The next pass by that evidence:
 # CHAIN_ARGS="--dim 256 --adv-lr 1e-4" (AMASS at d = 256 peaked in its first two APR epochs at 3e-4);
 # and the row dropout that lifted AMDR and MASS on AOTM on a CPU (docs/training.md, Dropout that
-# keeps the GEMM form): CHAIN_ARGS="--set dropout=0.5 --set dropout_mode=row"; and MDR's smaller
-# embedding init, which lifted MDR and AMDR on AOTM validation on a CPU but left the fusion's
-# full-ranking figure where it was (docs/training.md, The embedding initialisation scale):
-# CHAIN_ARGS="--set mdr.init_std=0.002"
+# keeps the GEMM form): CHAIN_ARGS="--set dropout=0.5 --set dropout_mode=row". MDR's smaller
+# embedding init (docs/training.md, The embedding initialisation scale) is in the recipe now;
+# the 1/d rule it replaced: CHAIN_ARGS="--set mdr.init_std=0.015625" (d = 64)
 CHAIN_ARGS=${CHAIN_ARGS:-}
 SPEED_SECONDS=6
 if [ "${DRY:-0}" = 1 ]; then DEVICE=cpu TL=2 FULL_SAMPLE=300 SPEED_SECONDS=1; fi

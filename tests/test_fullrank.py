@@ -284,6 +284,7 @@ def test_default_recipe_is_fullrank_for_masr_models_and_sized_for_the_device(
     fism = json.loads((tmp_path / "r" / "fism" / "run.json").read_text())
     assert mdr["options"]["recipe"] == "fullrank" and mdr["train_config"]["neg"] == 128
     assert mdr["train_config"]["loss"] == "softmax" and mdr["model_config"]["dropout"] == 0.0
+    assert mdr["model_config"]["init_std"] == 0.002
     assert fism["options"]["recipe"] == "paper" and fism["train_config"]["loss"] == "bpr"
 
 
@@ -298,6 +299,27 @@ def test_recipe_fills_only_what_is_not_given() -> None:
             assert getattr(fullrank.train, key) == value
     kept = RunOptions(model={"dropout": 0.3}).with_recipe("fullrank", set())  # --set wins
     assert kept.model["dropout"] == 0.3
+
+
+def test_recipe_model_scoped_values_reach_only_their_model_and_yield_to_set() -> None:
+    """The recipe's ``mdr.init_std`` sets MDR's (and AMDR's) start only; ``--set init_std=``
+    and ``--set mdr.init_std=`` both win over it; the paper recipe keeps the 1/d rule."""
+    from masr.runs.registry import model_config
+
+    def init_std(options: RunOptions, run: str) -> float | None:
+        return model_config(run, options.model).init_std
+
+    fullrank = RunOptions().with_recipe("fullrank", set(), "cpu")
+    assert fullrank.model["mdr.init_std"] == RECIPES["fullrank"]["model"]["mdr.init_std"]
+    assert [init_std(fullrank, r) for r in ("mdr", "amdr", "mdr_ps", "mass", "amass")] == [
+        0.002, 0.002, 0.002, None, None
+    ]
+    plain = RunOptions(model={"init_std": 0.01}).with_recipe("fullrank", set())
+    assert [init_std(plain, r) for r in ("mdr", "mass")] == [0.01, 0.01]
+    scoped = RunOptions(model={"mdr.init_std": 0.005}).with_recipe("fullrank", set())
+    assert [init_std(scoped, r) for r in ("mdr", "mass")] == [0.005, None]
+    paper = RunOptions().with_recipe("paper", set())
+    assert [init_std(paper, r) for r in ("mdr", "mass")] == [None, None]
 
 
 def test_shared_and_full_distance_equal_distance_for_every_run_and_variant(

@@ -25,10 +25,11 @@ Public API:
     mahalanobis_sq(diff (..., d), metric (d,), dropout) -> (...)   shared with MASS
 
 Initialisation (documented choice): embeddings N(0, σ²) with σ = init_std or 1/dim (the authors'
-code scales by the inverse of the dimension); metric vectors B1 = B2 = 1, i.e. training starts
-from the Euclidean distance the paper names as the special case of eq. 3 (the reference code
-draws B2 from uniform[0, 1), which halves the playlist term on average for no stated reason);
-song bias θ = 0.
+code scales by the inverse of the dimension; masr's default ``fullrank`` recipe sets init_std =
+0.002 for MDR, docs/training.md "The embedding initialisation scale"); metric vectors
+B1 = B2 = 1, i.e. training starts from the Euclidean distance the paper names as the special
+case of eq. 3 (the reference code draws B2 from uniform[0, 1), which halves the playlist term on
+average for no stated reason); song bias θ = 0.
 """
 
 from __future__ import annotations
