@@ -305,9 +305,7 @@ class RunOptions:
         for k, v in recipe.get("model", {}).items():
             # a MODEL.NAME value yields to --set NAME and --set MODEL.NAME alike
             plain = k.partition(".")[2] or k
-            if ("model", plain) in given or model.get(plain) is not None:
-                continue
-            if model.get(k) is None:
+            if ("model", plain) not in given and model.get(plain) is None and model.get(k) is None:
                 model[k] = v
         return replace(
             self,
