@@ -19,6 +19,12 @@ from masr.errors import MasrError
 #: Logs, tables and progress bars go to stderr; stdout carries data only (CSV, JSON).
 console = Console(stderr=True)
 
+
+def log_line(message: str) -> None:
+    """One log line on stderr, dimmed: never wrapped at the console's width (a path stays whole
+    for grep and for copying), never read as Rich markup (a path or a list may hold brackets)."""
+    console.print(message, style="dim", markup=False, highlight=False, soft_wrap=True)
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from masr.config import SPLITS
-from masr_cli._common import Device, RunsData, choices, console, handle_errors, unwrap
+from masr_cli._common import Device, RunsData, choices, console, handle_errors, log_line, unwrap
 
 NAME = "analyze"
 HELP = """Analyses of trained runs, each a JSON table and a PNG: dims (Figure 5), attention
@@ -67,7 +67,7 @@ def dims(
 
     prepared = load_prepared(data)
     table = quality_by_dim(prepared, runs, model, split=split.value, device=device.value,
-                           full_sample=full_sample, seed=seed, log=console.print)
+                           full_sample=full_sample, seed=seed, log=log_line)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_file(out / "dims.json", "w") as fh:
         json.dump(table, fh, indent=2)

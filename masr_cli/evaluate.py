@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from masr.config import SPLITS
-from masr_cli._common import Device, RunsData, choices, console
+from masr_cli._common import Device, RunsData, choices, console, log_line
 
 NAME = "evaluate"
 
@@ -134,7 +134,7 @@ def command(
         alphas=alpha or (),
         candidates=candidates,
         compile=compile_,
-        log=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+        log=log_line,
     )
     cases = prepared.test if split is Split.test else prepared.valid
     negatives = int((cases.negatives >= 0).sum(1).max()) if len(cases) else 0

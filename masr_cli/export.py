@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from masr.config import EXPORT_CHUNK, EXPORT_KINDS
-from masr_cli._common import choices, console
+from masr_cli._common import choices, console, log_line
 
 NAME = "export"
 
@@ -111,7 +111,7 @@ def command(
         candidates=candidates,
     )
     with locked(lock_path(out), "masr export"):  # one writer per --out (OUT.lock)
-        result = export_model(runs, out, config, log=lambda msg: console.print(msg, style="dim"))
+        result = export_model(runs, out, config, log=log_line)
     meta = result.metadata
     console.print(
         f"exported {meta['model']} (α = {meta['alpha']:g}, {meta['sizes']['n_songs']:,} songs) "

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from masr.config import ReproduceConfig
-from masr_cli._common import Device, console
+from masr_cli._common import Device, console, log_line
 
 NAME = "reproduce"
 
@@ -103,7 +103,7 @@ def command(
         device=device.value,
         seed=seed,
     )
-    result = reproduce(data, out, config, log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+    result = reproduce(data, out, config, log=log_line)
     for title, seconds in result.seconds.items():
         console.print(f"{title}: {seconds:.1f} s")
     console.print(f"wrote {result.report}")

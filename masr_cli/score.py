@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from masr.config import SCORE_ENGINES, SCORE_FORMATS
-from masr_cli._common import Device, choices, console
+from masr_cli._common import Device, choices, console, log_line
 
 NAME = "score"
 
@@ -120,5 +120,5 @@ def command(
         out_format=out_format.value,
         columns=Columns(user=user_col, playlist=playlist_col, track=track_col),
     )
-    summary = score_file(input, model, out, config, log=lambda msg: console.print(msg, style="dim"))
+    summary = score_file(input, model, out, config, log=log_line)
     console.print(summary.line(), highlight=False, soft_wrap=True)

@@ -35,7 +35,7 @@ from masr.config import (
     TrainConfig,
 )
 from masr.runs import RUNS
-from masr_cli._common import Device, choices, console
+from masr_cli._common import Device, choices, console, log_line
 
 NAME = "train"
 
@@ -358,7 +358,7 @@ def command(
                 options,
                 resume=resume,
                 progress=progress,
-                log=(lambda msg: console.print(f"[dim]{msg}[/dim]")) if ranks.is_main else None,
+                log=log_line if ranks.is_main else None,
             )
     finally:
         shutdown()
@@ -427,7 +427,7 @@ class RichProgress:
             self._bars.__enter__()
             self._live = True
         if self._first_line:
-            console.print(f"[dim]{self._first_line}[/dim]")
+            log_line(self._first_line)
             self._first_line = ""
         self._title, self._total = title, epochs
         self._epochs = self._bars.add_task(
