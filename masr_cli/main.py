@@ -42,9 +42,10 @@ def main(
     ] = False,
 ) -> None:
     """masr: automatic playlist continuation."""
-    from masr.system import tensor_huge_pages
+    from masr.system import keep_freed_heap, tensor_huge_pages
 
     tensor_huge_pages()  # before PyTorch loads: fewer page faults on a CPU (docs/training.md)
+    keep_freed_heap()  # a step's large tensors reused from the heap, not mapped afresh
 
 
 for module in (prep, synth, train, evaluate, export, score, reproduce):

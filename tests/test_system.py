@@ -89,3 +89,52 @@ def test_large_tensors_take_huge_pages_unless_the_user_says_no() -> None:
     made, faults = _block_faults({masr.system.THP_SWITCH: "0"})  # the user's choice is kept
     # (a kernel in "always" mode gives huge pages to every process: only "madvise" tells)
     assert not made and ("[madvise]" not in mode or faults > pages // 2)
+
+
+_WHERE_A_BLOCK_LIVES = """
+import ctypes, ctypes.util
+from masr.system import keep_freed_heap
+kept = keep_freed_heap()
+import torch
+
+class Info(ctypes.Structure):  # glibc's struct mallinfo2 (glibc >= 2.33)
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.mallinfo2.restype = Info
+before = libc.mallinfo2().hblkhd  # bytes in blocks mapped apart from the heap
+block = torch.ones(100 << 18)  # 100 MiB, a training step's large tensor
+print(int(kept), libc.mallinfo2().hblkhd - before)
+"""
+
+
+def _mapped_bytes_of_a_block(env: dict[str, str | None]) -> tuple[bool, int]:
+    import subprocess
+    import sys
+
+    base = {**os.environ, masr.system.THP_SWITCH: "0", **env}
+    out = subprocess.run(
+        [sys.executable, "-c", _WHERE_A_BLOCK_LIVES],
+        env={k: v for k, v in base.items() if v is not None},
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode:
+        pytest.skip(f"no glibc mallinfo2 here: {out.stderr.strip().splitlines()[-1:]}")
+    kept, mapped = out.stdout.split()
+    return bool(int(kept)), int(mapped)
+
+
+def test_large_tensors_come_from_the_heap_unless_the_user_says_no() -> None:
+    """keep_freed_heap: a 100 MiB tensor is served by glibc's heap, where a freed block is kept
+    for the next step, instead of being mapped afresh (glibc's default above 32 MiB);
+    MASR_KEEP_HEAP=0, or glibc's own MALLOC_MMAP_THRESHOLD_, leaves glibc's default."""
+    kept, mapped = _mapped_bytes_of_a_block({masr.system.HEAP_SWITCH: None})
+    if not kept:
+        pytest.skip("not Linux with glibc")
+    assert mapped == 0
+    for opt_out in ({masr.system.HEAP_SWITCH: "0"}, {"MALLOC_MMAP_THRESHOLD_": "131072"}):
+        kept, mapped = _mapped_bytes_of_a_block({masr.system.HEAP_SWITCH: None, **opt_out})
+        assert not kept and mapped >= 100 << 20

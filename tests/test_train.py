@@ -146,6 +146,23 @@ def test_lazy_adam_matches_adam_when_every_row_is_touched() -> None:
     assert torch.allclose(emb.weight.detach(), w, atol=1e-6)
 
 
+def test_lazy_adam_dense_gradients_match_torch_adam() -> None:
+    """A dense gradient (a metric vector, a query matrix) takes torch.optim.Adam's update."""
+    torch.manual_seed(0)
+    ours, ref = nn.Linear(4, 3), nn.Linear(4, 3)
+    ref.load_state_dict(ours.state_dict())
+    opt = LazyAdam(ours.parameters(), lr=0.05, weight_decay=0.01)
+    opt_ref = torch.optim.Adam(ref.parameters(), lr=0.05, weight_decay=0.01)
+    for t in range(6):
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(t))
+        for model, o in ((ours, opt), (ref, opt_ref)):
+            o.zero_grad()
+            model(x).square().sum().backward()
+            o.step()
+    for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
 def test_lazy_adam_leaves_untouched_rows_alone() -> None:
     emb = nn.Embedding(5, 2, sparse=True)
     before = emb.weight.detach().clone()

@@ -119,3 +119,48 @@ def tensor_huge_pages() -> bool:
     if "torch" in sys.modules:  # PyTorch read the switch at its first allocation
         return os.environ.get(THP_SWITCH) == "1"
     return os.environ.setdefault(THP_SWITCH, "1") == "1"
+
+
+#: opt-out of ``keep_freed_heap`` ("0"); glibc's own MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_
+#: in the environment also leave the C library's settings as the user chose them
+HEAP_SWITCH = "MASR_KEEP_HEAP"
+#: blocks below this come from the heap and are reused after they are freed
+HEAP_MMAP_THRESHOLD = 256 * 2**20
+#: free memory at the top of the heap is given back to the system only above this
+HEAP_TRIM_THRESHOLD = 1 * 2**30
+_GLIBC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+
+
+def keep_freed_heap() -> bool:
+    """Let glibc serve CPU tensors of up to 256 MiB from its heap and reuse them once freed;
+    True when that took effect (Linux with glibc, not opted out).
+
+    A training step allocates and frees the same tens-of-MB tensors every time (MASS's (batch,
+    negatives, d) queries are 32 MiB at batch 1024 and 128 negatives). glibc maps every block
+    above its mapping threshold (at most 32 MiB by default) afresh from the kernel and unmaps it
+    when freed, so each step faults in and zeroes those pages again, huge pages or not
+    (``tensor_huge_pages``). A fixed threshold of 256 MiB and a trim threshold of 1 GiB keep
+    such blocks in the heap for the next step; nothing computed changes. The cost: up to 1 GiB
+    of freed memory may stay with the process until it ends (docs/training.md). Opt out with
+    ``MASR_KEEP_HEAP=0``, or set glibc's own ``MALLOC_MMAP_THRESHOLD_`` /
+    ``MALLOC_TRIM_THRESHOLD_``, which are kept. Process-wide: the CLI calls it once at start."""
+    import sys
+
+    if not sys.platform.startswith("linux") or os.environ.get(HEAP_SWITCH, "1") == "0":
+        return False
+    if any(name in os.environ for name in _GLIBC_ENV):
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)
+        and mallopt(_M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD)
+    )
