@@ -211,6 +211,12 @@ def main(argv: list[str]) -> int:
         "masr.system.tensor_huge_pages)",
     )
     parser.add_argument(
+        "--no-keep-heap",
+        action="store_true",
+        help="leave glibc's default for large blocks (default: as the CLI, "
+        "masr.system.keep_freed_heap)",
+    )
+    parser.add_argument(
         "--recipes",
         default="paper,fullrank",
         help="comma list of masr train recipes to time side by side",
@@ -230,12 +236,15 @@ def main(argv: list[str]) -> int:
         print(f"bench_train: no data at {source} (set MASR_BENCH_DATA)", file=sys.stderr)
         return 2
     OUT.mkdir(exist_ok=True)
-    from masr.system import THP_SWITCH, tensor_huge_pages
+    from masr.system import HEAP_SWITCH, THP_SWITCH, keep_freed_heap, tensor_huge_pages
 
     if args.no_huge_pages:
         os.environ[THP_SWITCH] = "0"
     pages = "huge" if tensor_huge_pages() else "4 KB"  # before PyTorch loads
-    print(f"bench_train: CPU tensors on {pages} pages", file=sys.stderr)
+    if args.no_keep_heap:
+        os.environ[HEAP_SWITCH] = "0"
+    heap = "kept in the heap" if keep_freed_heap() else "glibc's default"
+    print(f"bench_train: CPU tensors on {pages} pages; large blocks {heap}", file=sys.stderr)
     if args.cores and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > args.cores:
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cores]))
     import torch
@@ -279,7 +288,7 @@ def main(argv: list[str]) -> int:
                     )
             for (bs, sparse, recipe), repeats in timed.items():
                 r = median_of(repeats)
-                r["tensor_pages"] = pages
+                r["tensor_pages"], r["large_blocks"] = pages, heap
                 results.append(r)
                 mark = " (extrapolated)" if r["extrapolated"] else ""
                 spread = (
