@@ -446,7 +446,8 @@ class RichProgress:
         console.print(
             f"{self._title} epoch {record['epoch']}/{self._total}  loss {record['loss']:.4f}  "
             f"valid hit@10 {valid['hit@10']:.4f} ndcg@10 {valid['ndcg@10']:.4f}{full_text}  "
-            f"({record['train_seconds'] + record['valid_seconds']:.1f} s){star}"
+            f"({record['train_seconds'] + record['valid_seconds']:.1f} s){star}",
+            soft_wrap=True,  # one line per epoch, whatever the terminal's width (grep, logs)
         )
         self._bars.update(
             self._epochs,
