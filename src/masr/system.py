@@ -141,7 +141,8 @@ def keep_freed_heap() -> bool:
     above its mapping threshold (at most 32 MiB by default) afresh from the kernel and unmaps it
     when freed, so each step faults in and zeroes those pages again, huge pages or not
     (``tensor_huge_pages``). A fixed threshold of 256 MiB and a trim threshold of 1 GiB keep
-    such blocks in the heap for the next step; nothing computed changes. The cost: up to 1 GiB
+    such blocks in the heap, where later steps reuse them when glibc's placement allows (not
+    every time); nothing computed changes. The cost: up to 1 GiB
     of freed memory may stay with the process until it ends (docs/training.md). Opt out with
     ``MASR_KEEP_HEAP=0``, or set glibc's own ``MALLOC_MMAP_THRESHOLD_`` /
     ``MALLOC_TRIM_THRESHOLD_``, which are kept. Process-wide: the CLI calls it once at start."""
