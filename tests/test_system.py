@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -59,18 +61,22 @@ print(int(made), min(faults))
 """
 
 
-def _block_faults(env: dict[str, str | None]) -> tuple[bool, int]:
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-c", _FAULTS_OF_A_BLOCK],
+def _snippet(script: str, env: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh Python (these switches act before PyTorch's first allocation)
+    with ``env`` over this environment (None removes a variable)."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
         env={k: v for k, v in {**os.environ, **env}.items() if v is not None},
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout.split()
-    return bool(int(out[0])), int(out[1])
+    )
+
+
+def _block_faults(env: dict[str, str | None]) -> tuple[bool, int]:
+    out = _snippet(_FAULTS_OF_A_BLOCK, env)
+    out.check_returncode()
+    made, faults = out.stdout.split()
+    return bool(int(made)), int(faults)
 
 
 def test_large_tensors_take_huge_pages_unless_the_user_says_no() -> None:
@@ -111,16 +117,7 @@ print(int(kept), libc.mallinfo2().hblkhd - before)
 
 
 def _mapped_bytes_of_a_block(env: dict[str, str | None]) -> tuple[bool, int]:
-    import subprocess
-    import sys
-
-    base = {**os.environ, masr.system.THP_SWITCH: "0", **env}
-    out = subprocess.run(
-        [sys.executable, "-c", _WHERE_A_BLOCK_LIVES],
-        env={k: v for k, v in base.items() if v is not None},
-        capture_output=True,
-        text=True,
-    )
+    out = _snippet(_WHERE_A_BLOCK_LIVES, {masr.system.THP_SWITCH: "0", **env})
     if out.returncode:
         pytest.skip(f"no glibc mallinfo2 here: {out.stderr.strip().splitlines()[-1:]}")
     kept, mapped = out.stdout.split()

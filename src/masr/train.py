@@ -142,29 +142,30 @@ class LazyAdam:
             self.steps[i] += 1
             t = self.steps[i]
             m, v = self.exp_avg[i], self.exp_avg_sq[i]
-            step_size = self.lr / (1 - b1**t)
+            # lr/(1-β1^t) · m / (√v/√(1-β2^t) + ε) = a · m / (√v + ε̂), a = lr √(1-β2^t)/(1-β1^t)
+            # and ε̂ = ε √(1-β2^t): the same value up to rounding in fewer passes
             root_bc2 = math.sqrt(1 - b2**t)
+            step, eps_hat = self.lr * root_bc2 / (1 - b1**t), eps * root_bc2
             if grad.is_sparse:
                 grad = grad.coalesce()
                 rows, g = grad.indices()[0], grad.values()  # (R,), (R, ...)
                 if wd:
                     g = g + wd * p.index_select(0, rows)
-                # m ← β1 m + (1-β1) g as one lerp; the update lr/(1-β1^t) · m / (√v/√(1-β2^t) + ε)
-                # as a · m / (√v + ε√(1-β2^t)), a = lr √(1-β2^t)/(1-β1^t): the same value up to
-                # rounding in fewer passes, all in place (index_add_'s alpha is a slower path)
+                # m ← β1 m + (1-β1) g as one lerp; every pass in place (index_add_'s alpha is a
+                # slower path than the multiply)
                 m_rows = m.index_select(0, rows).lerp_(g, 1 - b1)
                 v_rows = v.index_select(0, rows).mul_(b2).addcmul_(g, g, value=1 - b2)
                 m.index_copy_(0, rows, m_rows)
                 v.index_copy_(0, rows, v_rows)
-                denom = v_rows.sqrt_().add_(eps * root_bc2)
-                p.index_add_(0, rows, m_rows.div_(denom).mul_(-step_size * root_bc2))
+                denom = v_rows.sqrt_().add_(eps_hat)
+                p.index_add_(0, rows, m_rows.div_(denom).mul_(-step))
             else:
                 if wd:
                     grad = grad.add(p, alpha=wd)
                 m.lerp_(grad, 1 - b1)
                 v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-                denom = v.sqrt().add_(eps * root_bc2)
-                p.addcdiv_(m, denom, value=-step_size * root_bc2)
+                denom = v.sqrt().add_(eps_hat)
+                p.addcdiv_(m, denom, value=-step)
 
     def state_dict(self) -> dict[str, Any]:
         return {
