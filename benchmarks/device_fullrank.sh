@@ -7,7 +7,8 @@
 #   4. `masr evaluate` of the chain with both protocols (test split; the chain's settings were
 #      fixed beforehand on validation, docs/training.md).
 # GRID=1 also runs search_fullrank.py's "gpu" grid on validation before the chain (longer).
-# SKIP_TESTS=1 / SKIP_SPEED=1 leave out stages 1 / 2; CHAIN_ARGS adds options to the chain
+# SKIP_TESTS=1 / SKIP_SPEED=1 leave out stages 1 / 2; TESTS_BESIDE=1 runs the CUDA tests beside
+# the chain (after the speed stage, so that its timings stay clean) instead of before; CHAIN_ARGS adds options to the chain
 # ("--dim 128"); PARALLEL=1 trains MDR beside MASS and AMDR beside AMASS. The pass that
 # trained the chain to its validation peaks (docs/training.md): SKIP_TESTS=1 SKIP_SPEED=1
 # PARALLEL=1 TIME_LIMIT=250 (452 s on an H100).
@@ -47,17 +48,20 @@ print("python", platform.python_version(), "torch", torch.__version__, "polars",
 EOF
 
 stage "cuda tests (background) + prep"
+cuda_tests() {
+  (timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/ >"$OUT/tests.txt" 2>&1) &
+  TESTS=$!
+}
+TESTS=
 if [ "${DRY:-0}" = 1 ] || [ "${SKIP_TESTS:-0}" = 1 ]; then
   echo "no CUDA tests this time" >"$OUT/tests.txt"
-else
-  (timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/ >"$OUT/tests.txt" 2>&1) &
-  TESTS=$!
+elif [ "${TESTS_BESIDE:-0}" != 1 ]; then
+  cuda_tests
 fi
 if [ -f "$DATA/manifest.json" ]; then echo "reusing $DATA"
 elif [ "${DRY:-0}" = 1 ]; then timeout 120 masr prep --out "$DATA" 2>&1 | tail -2
 else timeout 120 masr prep "$DATA_SRC" --out "$DATA" 2>&1 | tail -2; fi
-[ -n "${TESTS:-}" ] && wait "$TESTS"
-tail -3 "$OUT/tests.txt"
+if [ -n "$TESTS" ]; then wait "$TESTS"; tail -3 "$OUT/tests.txt"; TESTS=; fi
 
 if [ "${GRID:-0}" = 1 ]; then
   for model in mdr mass; do
@@ -76,6 +80,9 @@ if [ "${DRY:-0}" != 1 ] && [ "${SKIP_SPEED:-0}" != 1 ]; then
   cp bench-out/train.json "$OUT/train_speed_recipes.json" 2>/dev/null
 fi
 
+if [ "${TESTS_BESIDE:-0}" = 1 ] && [ "${DRY:-0}" != 1 ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
+  cuda_tests
+fi
 stage "amasr chain, fullrank recipe, --time-limit $TL s per run; item-kNN and pop beside it"
 (timeout 200 masr train --model itemknn --set alpha=0.75 --set shrink=10 --data "$DATA" \
    --runs "$CHAIN" --device cpu >"$OUT/baselines.log" 2>&1 &&
@@ -102,6 +109,7 @@ for run in "$CHAIN"/*/; do
   [ -f "$run/run.json" ] && cp "$run/run.json" "$OUT/run_$(basename "$run").json"
 done
 
+if [ -n "$TESTS" ]; then wait "$TESTS"; echo "cuda tests:"; tail -3 "$OUT/tests.txt"; fi
 stage "evaluate the chain, test split, $FULL_SAMPLE full-ranking cases"
 timeout 150 masr evaluate --data "$DATA" --runs "$CHAIN" --device "$DEVICE" \
   --full-sample "$FULL_SAMPLE" --json "$OUT/evaluate_chain.json" 2>&1 | tail -14
