@@ -34,6 +34,11 @@ CHAIN=${CHAIN:-$WORK/chain}
 # keeps the GEMM form): CHAIN_ARGS="--set dropout=0.5 --set dropout_mode=row". MDR's smaller
 # embedding init (docs/training.md, The embedding initialisation scale) is in the recipe now;
 # the 1/d rule it replaced: CHAIN_ARGS="--set mdr.init_std=0.015625" (d = 64)
+# The recipe to early stopping and row dropout on both parts ran on an H200 in the thirteenth
+# session (docs/training.md, "The default recipe's chain on a GPU"): SKIP_SPEED=1 TESTS_BESIDE=1
+# PARALLEL=1 TIME_LIMIT=220 CHAIN_ARGS="--patience 3" took 346 s. Next by that evidence, the
+# row-dropout MDR side with the recipe's MASS side: CHAIN_ARGS="--patience 3
+# --set mdr.dropout=0.5 --set mdr.dropout_mode=row"
 CHAIN_ARGS=${CHAIN_ARGS:-}
 SPEED_SECONDS=6
 if [ "${DRY:-0}" = 1 ]; then DEVICE=cpu TL=2 FULL_SAMPLE=300 SPEED_SECONDS=1; fi
