@@ -118,6 +118,39 @@ def test_nan_distance_is_the_worst() -> None:
     assert result["sampled"]["hit@2"] == 0.0 and result["full"]["hit@2"] == 0.0
 
 
+def test_full_ranks_read_nan_as_the_worst_distance_on_both_sides() -> None:
+    """The full protocol counts without cleaning the (B, V) distances: NaN and ±inf among the
+    songs and as the held-out song's own distance rank as ``_clean`` orders them (NaN after
+    +inf, ±inf at the ends of the float range; slow reference)."""
+    from masr.evaluate import full_ranks
+    from masr.sampling import TrainingIndex
+
+    nan, inf = float("nan"), float("inf")
+    table = torch.tensor(
+        [
+            [0.0, nan, 2.0, 1.0, inf, 3.0],  # held-out song 3 at 1.0: NaN and inf are behind it
+            [nan, 1.0, 0.5, nan, 2.0, 0.0],  # held-out song 0 is NaN: every other song counts
+            [0.0, 1.0, inf, nan, 2.0, 0.0],  # held-out song 2 at +inf: the NaN is behind it
+            [-inf, 1.0, nan, 0.0, -inf, 2.0],  # held-out song 4 at -inf: ties with song 0 only
+        ]
+    )
+    train = [[5], [2], [0], [1]]
+    test = [3, 0, 2, 4]
+    data = data_with(train, 6, test, [[0]] * 4)
+    ranks = full_ranks(TableModel(table), data.test, TrainingIndex.from_data(data))
+    clean = torch.nan_to_num(table, nan=inf).numpy()
+    for i in range(len(test)):
+        others = [s for s in range(6) if s not in train[i] and s != test[i]]
+        assert ranks[i] == sum(clean[i, s] <= clean[i, test[i]] for s in others), i
+    assert ranks.tolist() == [1, 4, 3, 1]
+    # a target at the largest float: +inf counts with it (cleaned to that value), NaN does not
+    big = torch.finfo(torch.float32).max
+    table = torch.tensor([[0.0, inf, big, nan, 1.0, big]])
+    data = data_with([[0]], 6, [2], [[1]])
+    ranks = full_ranks(TableModel(table), data.test, TrainingIndex.from_data(data))
+    assert ranks.tolist() == [3]  # songs 1 (+inf), 4 and 5 (a tie); not 3 (NaN)
+
+
 def test_full_ranking_batches_agree() -> None:
     rng = np.random.default_rng(0)
     n_play, v = 23, 40

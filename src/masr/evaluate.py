@@ -79,6 +79,28 @@ def _clean(d: Tensor) -> Tensor:
     return torch.nan_to_num(d, nan=math.inf)
 
 
+def _count_at_or_below(d: Tensor, target: Tensor) -> Tensor:
+    """(B,) int64: how many of each row's ``d`` (B, V) are <= its ``target`` (B, 1) in
+    ``_clean``'s order (NaN after +inf, ±inf at the float range's ends), without a cleaning
+    pass over ``d``. A NaN target has every entry at or below it; a target at the top of the
+    range (+inf or the largest float) every entry but the NaN ones, which is what comparing
+    the raw ``d`` with +inf counts; for any other target the raw comparison already agrees
+    (a NaN entry compares False, as the +inf it stands for would). The comparison is written
+    into float32 and summed there, about twice as fast on a CPU as summing a bool tensor
+    (exact below 2**24 entries a row)."""
+    import torch
+
+    t = _clean(target)  # (B, 1)
+    top = t >= torch.finfo(t.dtype).max  # NaN (now +inf) or +inf / the largest float
+    t_cmp = torch.where(top, math.inf, t)
+    if d.shape[1] < 2**24:
+        out = torch.empty(d.shape, dtype=torch.float32, device=d.device)
+        n = torch.le(d, t_cmp, out=out).sum(1).long()  # (B,)
+    else:
+        n = (d <= t_cmp).sum(1)
+    return torch.where(torch.isposinf(t[:, 0]), d.shape[1], n)
+
+
 def _by_length(model: Recommender, cases: Cases, index: TrainingIndex) -> np.ndarray:
     """Case order for batching: by playlist length for member-reading models (a batch pads its
     member lists to its longest playlist, so similar lengths waste less), else as stored."""
@@ -161,16 +183,16 @@ def full_ranks(
     with torch.no_grad():
         for _, playlists, target in _batches(order, cases, index, batch_size):
             batch = context_batch(index, playlists, uses_members=model.uses_members)
-            d = _clean(model.full_distance(batch))  # (B, V)
+            d = model.full_distance(batch)  # (B, V); NaN ranks as +inf (_clean's order)
             d_target = d.gather(1, target)  # (B, 1)
             # every song at or below the held-out one, then less the ones that do not compete:
             # the held-out song itself and the playlist's training songs (a playlist's training
             # songs are distinct: TrainingIndex.keys is strictly ascending), counted on their
             # (B, L) list rather than through a (B, V) mask
-            rank = (d <= d_target).sum(1) - 1  # (B,)
+            rank = _count_at_or_below(d, d_target) - 1  # (B,)
             songs, real = playlist_members(index, playlists)  # (B, L)
             real &= songs != target
-            rank -= ((d.gather(1, songs) <= d_target) & real).sum(1)
+            rank -= ((_clean(d.gather(1, songs)) <= _clean(d_target)) & real).sum(1)
             out.append(rank.cpu())
     return _unsort(out, order)
 
