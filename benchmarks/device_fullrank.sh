@@ -7,6 +7,9 @@
 #   4. `masr evaluate` of the chain with both protocols (test split; the chain's settings were
 #      fixed beforehand on validation, docs/training.md).
 # GRID=1 also runs search_fullrank.py's "gpu" grid on validation before the chain (longer).
+# FUSE_PAIRS="chain_row/amdr+chain/amass ..." (folders under $WORK, e.g. the CHAIN of an
+# earlier invocation in the same call) adds eq. 20 fusions of parts from different chains at the
+# end, validation and test, by fuse_checkpoints.py (the checkpoints never leave the machine).
 # SKIP_TESTS=1 / SKIP_SPEED=1 leave out stages 1 / 2; TESTS_BESIDE=1 runs the CUDA tests beside
 # the chain (after the speed stage, so that its timings stay clean) instead of before; CHAIN_ARGS adds options to the chain
 # ("--dim 128"); PARALLEL=1 trains MDR beside MASS and AMDR beside AMASS. The pass that
@@ -37,8 +40,9 @@ CHAIN=${CHAIN:-$WORK/chain}
 # The recipe to early stopping and row dropout on both parts ran on an H200 in the thirteenth
 # session (docs/training.md, "The default recipe's chain on a GPU"): SKIP_SPEED=1 TESTS_BESIDE=1
 # PARALLEL=1 TIME_LIMIT=220 CHAIN_ARGS="--patience 3" took 346 s. Next by that evidence, the
-# row-dropout MDR side with the recipe's MASS side: CHAIN_ARGS="--patience 3
-# --set mdr.dropout=0.5 --set mdr.dropout_mode=row"
+# row-dropout MDR side with the recipe's MASS side (on the synthetic set it loses in the fusion:
+# docs/training.md), from the same two passes in one call, the second one adding
+# CHAIN=/tmp/masr-device/chain_row FUSE_PAIRS="chain_row/amdr+chain/amass chain_row/mdr+chain/mass"
 CHAIN_ARGS=${CHAIN_ARGS:-}
 SPEED_SECONDS=6
 if [ "${DRY:-0}" = 1 ]; then DEVICE=cpu TL=2 FULL_SAMPLE=300 SPEED_SECONDS=1; fi
@@ -118,4 +122,14 @@ if [ -n "$TESTS" ]; then wait "$TESTS"; echo "cuda tests:"; tail -3 "$OUT/tests.
 stage "evaluate the chain, test split, $FULL_SAMPLE full-ranking cases"
 timeout 150 masr evaluate --data "$DATA" --runs "$CHAIN" --device "$DEVICE" \
   --full-sample "$FULL_SAMPLE" --json "$OUT/evaluate_chain.json" 2>&1 | tail -14
+for pair in ${FUSE_PAIRS:-}; do
+  a=${pair%%+*} b=${pair##*+}
+  stage "fusion of $a and $b (α 0.5): validation, then test on $FULL_SAMPLE full-ranking cases"
+  for split in valid test; do
+    n=$([ "$split" = valid ] && echo 2000 || echo "$FULL_SAMPLE")
+    timeout 300 "$PY" benchmarks/fuse_checkpoints.py "$WORK/$a/best.pt" "$WORK/$b/best.pt" \
+      --data "$DATA" --split "$split" --full-sample "$n" --device "$DEVICE" --threads 0 \
+      | tee -a "$OUT/fuse_pairs.jsonl"
+  done
+done
 stage done

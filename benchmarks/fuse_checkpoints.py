@@ -1,7 +1,7 @@
 """Validate the eq. 20 fusion of two checkpoints that no runs folder holds together.
 
     python benchmarks/fuse_checkpoints.py MDR.pt MASS.pt --data aotm [--alpha 0.5]
-        [--split valid] [--full-sample 2000] [--sample-seed 0] [--threads 1]
+        [--split valid] [--full-sample 2000] [--sample-seed 0] [--threads 1] [--device cpu]
 
 `masr train --model masr|amasr` fuses the parts of one runs folder when their signatures match
 the options given; this checks a fusion of parts trained with different options (an AMDR and
@@ -28,7 +28,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--split", default="valid", choices=("valid", "test"))
     parser.add_argument("--full-sample", type=int, default=2000)
     parser.add_argument("--sample-seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="0 = torch's default")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (as masr's --device)")
     args = parser.parse_args(argv)
 
     import torch
@@ -37,8 +38,11 @@ def main(argv: list[str]) -> int:
     from masr.dataset import load_prepared
     from masr.evaluate import evaluate_model
     from masr.models.masr import MASR
+    from masr.train import resolve_device
 
-    torch.set_num_threads(args.threads)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
     data = load_prepared(args.data)
     mdr, mdr_ckpt = load_model(args.mdr)
     mass, mass_ckpt = load_model(args.mass)
@@ -47,11 +51,12 @@ def main(argv: list[str]) -> int:
         "mdr": args.mdr, "mdr_epoch": mdr_ckpt.get("epoch"),
         "mass": args.mass, "mass_epoch": mass_ckpt.get("epoch"),
         "alpha": args.alpha, "split": args.split, "full_sample": args.full_sample,
+        "device": str(device),
     }
     for name, model in (("fusion", fused), ("mdr_part", mdr.eval()), ("mass_part", mass.eval())):
         started = time.perf_counter()
         metrics = evaluate_model(
-            model, data, args.split, device="cpu", full_sample=args.full_sample,
+            model, data, args.split, device=device, full_sample=args.full_sample,
             sample_seed=args.sample_seed, compile=True,
         )
         out[name] = {
