@@ -281,3 +281,46 @@ def test_mass_ranks_do_not_depend_on_the_batch_size(planted: PreparedData) -> No
         default = ranks(model, planted.valid, index)
         large = ranks(model, planted.valid, index, batch_size=4096)
         assert np.array_equal(small, large) and np.array_equal(default, large), ranks.__name__
+
+
+def test_a_fusion_beside_its_mass_run_scores_as_it_does_alone(
+    planted: PreparedData, tmp_path: Path
+) -> None:
+    """`masr evaluate` scores a fusion from its MASS run's distances, computed once for both
+    (eq. 20 on top): the same figures, α variants included, as the fusion evaluated on its own;
+    a fusion whose MASS part is not that run's weights is evaluated on its own."""
+    from masr.checkpoint import save_checkpoint
+    from masr.models.masr import MASR
+    from masr.models.mass import MASS, MASSConfig
+    from masr.models.mdr import MDR, MDRConfig
+    from masr.report import evaluate_runs
+
+    sizes = (planted.n_users, planted.n_playlists, planted.n_songs)
+    torch.manual_seed(0)
+    models = {
+        "mdr": MDR(MDRConfig(dim=8, init_std=0.3), *sizes),
+        "mass": MASS(MASSConfig(dim=8, init_std=0.3), *sizes),
+        "amdr": MDR(MDRConfig(dim=8, init_std=0.3), *sizes),
+        "amass": MASS(MASSConfig(dim=8, init_std=0.3), *sizes),
+    }
+    models["masr"] = MASR.from_parts(models["mdr"], models["mass"], parts=["mdr", "mass"])
+    # amasr's MASS is not the amass run's weights (as after retraining amass alone)
+    other = MASS(MASSConfig(dim=8, init_std=0.3), *sizes)
+    models["amasr"] = MASR.from_parts(models["amdr"], other, parts=["amdr", "amass"])
+    runs = tmp_path / "runs"
+    for name, model in models.items():
+        save_checkpoint(runs / name / "best.pt", model, data_fingerprint=planted.fingerprint)
+
+    logged: list[str] = []
+    kwargs = {"device": "cpu", "full_sample": 40, "split": "valid", "alphas": [0.3]}
+    together = evaluate_runs(planted, runs, ["all"], log=logged.append, **kwargs)
+    assert list(together) == [
+        "mdr", "mass", "masr", "masr@α=0.3", "amdr", "amass", "amasr", "amasr@α=0.3"
+    ]
+    assert any(line.startswith("mass: evaluated") and "masr, masr@α=0.3" in line for line in logged)
+    assert not any(line.startswith("amass: evaluated") and "with" in line for line in logged)
+    for fusion in ("masr", "amasr"):
+        alone = evaluate_runs(planted, runs, [fusion], **kwargs)
+        for key in (fusion, f"{fusion}@α=0.3"):
+            assert together[key] == alone[key], key
+        assert together[fusion]["full"] != together["mass"]["full"]  # not the part's figures

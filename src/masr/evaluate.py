@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from masr.dataset import Cases, PreparedData
-    from masr.models.base import Recommender
+    from masr.models.base import Batch, Recommender
     from masr.sampling import TrainingIndex
 
 CUTOFFS = tuple(range(1, 11))
@@ -135,10 +135,32 @@ def _unsort(parts: list, order: np.ndarray) -> np.ndarray:
     return ranks
 
 
+class OnTop(Protocol):
+    """Distances derived from another model's (``evaluate_model``'s ``on_top``): a fusion of a
+    MASS run with its MDR part, scored from that run's distances instead of computing them
+    again (``MASR.fuse``)."""
+
+    def distance(self, batch: Batch, songs: Tensor, base: Tensor) -> Tensor: ...
+
+    def full_distance(self, batch: Batch, base: Tensor) -> Tensor: ...
+
+
 def sampled_ranks(
     model: Recommender, cases: Cases, index: TrainingIndex, batch_size: int | None = None
 ) -> np.ndarray:
     """(C,) rank of each held-out song among its stored negatives (ties against it)."""
+    return _sampled_ranks_many(model, cases, index, batch_size, {})[""]
+
+
+def _sampled_ranks_many(
+    model: Recommender,
+    cases: Cases,
+    index: TrainingIndex,
+    batch_size: int | None,
+    on_top: dict[str, OnTop],
+) -> dict[str, np.ndarray]:
+    """``sampled_ranks`` of ``model`` (key "") and of each ``on_top`` entry, from one pass:
+    the same batches, ``model``'s distances computed once."""
     import torch
 
     from masr.sampling import context_batch
@@ -152,17 +174,19 @@ def sampled_ranks(
         batch_size = _capped(batch_size, model, index)
     order = _by_length(model, cases, index)
     negs_all = torch.as_tensor(cases.negatives[order], dtype=torch.long)
-    out = []
+    out: dict[str, list] = {name: [] for name in ("", *on_top)}
     with torch.no_grad():
         for sl, playlists, target in _batches(order, cases, index, batch_size):
             negs = negs_all[sl].to(device)  # (B, K), -1 = padding
             valid = negs >= 0  # (B, K)
             cand = torch.cat([target, negs.clamp(min=0)], 1)  # (B, 1+K)
             batch = context_batch(index, playlists, uses_members=model.uses_members)
-            d = _clean(model.distance(batch, cand))  # (B, 1+K)
-            rank = ((d[:, 1:] <= d[:, :1]) & valid).sum(1)  # (B,)
-            out.append(rank.cpu())
-    return _unsort(out, order)
+            base = model.distance(batch, cand)  # (B, 1+K)
+            for name in out:
+                d = base if not name else on_top[name].distance(batch, cand, base)
+                d = _clean(d)
+                out[name].append(((d[:, 1:] <= d[:, :1]) & valid).sum(1).cpu())  # (B,) ranks
+    return {name: _unsort(parts, order) for name, parts in out.items()}
 
 
 def full_ranks(
@@ -170,6 +194,17 @@ def full_ranks(
 ) -> np.ndarray:
     """(C,) rank of each held-out song among all catalog songs outside the playlist's training
     songs (ties against it), from ``model.full_distance``."""
+    return _full_ranks_many(model, cases, index, batch_size, {})[""]
+
+
+def _full_ranks_many(
+    model: Recommender,
+    cases: Cases,
+    index: TrainingIndex,
+    batch_size: int | None,
+    on_top: dict[str, OnTop],
+) -> dict[str, np.ndarray]:
+    """``full_ranks`` of ``model`` (key "") and of each ``on_top`` entry, from one pass."""
     import torch
 
     from masr.sampling import context_batch, playlist_members
@@ -179,22 +214,25 @@ def full_ranks(
         batch_size = max(1, min(1024, (_BUDGET * 4) // v))
         batch_size = _capped(batch_size, model, index)
     order = _by_length(model, cases, index)
-    out = []
+    out: dict[str, list] = {name: [] for name in ("", *on_top)}
     with torch.no_grad():
         for _, playlists, target in _batches(order, cases, index, batch_size):
             batch = context_batch(index, playlists, uses_members=model.uses_members)
-            d = model.full_distance(batch)  # (B, V); NaN ranks as +inf (_clean's order)
-            d_target = d.gather(1, target)  # (B, 1)
-            # every song at or below the held-out one, then less the ones that do not compete:
-            # the held-out song itself and the playlist's training songs (a playlist's training
-            # songs are distinct: TrainingIndex.keys is strictly ascending), counted on their
-            # (B, L) list rather than through a (B, V) mask
-            rank = _count_at_or_below(d, d_target) - 1  # (B,)
             songs, real = playlist_members(index, playlists)  # (B, L)
             real &= songs != target
-            rank -= ((_clean(d.gather(1, songs)) <= _clean(d_target)) & real).sum(1)
-            out.append(rank.cpu())
-    return _unsort(out, order)
+            base = model.full_distance(batch)  # (B, V); NaN ranks as +inf (_clean's order)
+            for name in out:
+                d = base if not name else on_top[name].full_distance(batch, base)
+                d_target = d.gather(1, target)  # (B, 1)
+                # every song at or below the held-out one, then less the ones that do not
+                # compete: the held-out song itself and the playlist's training songs (distinct:
+                # TrainingIndex.keys is strictly ascending), counted on their (B, L) list rather
+                # than through a (B, V) mask
+                rank = _count_at_or_below(d, d_target) - 1  # (B,)
+                rank -= ((_clean(d.gather(1, songs)) <= _clean(d_target)) & real).sum(1)
+                out[name].append(rank.cpu())
+                del d
+    return {name: _unsort(parts, order) for name, parts in out.items()}
 
 
 def two_stage_ranks(
@@ -280,6 +318,29 @@ def evaluate_model(
     ``torch.compile`` where it has them (MASS and the fusions; ``masr.compiled``): the same
     ranks up to float rounding. Training's validation leaves it False: the training run has
     already switched them on."""
+    return evaluate_model_and(
+        model, {}, data, split, device=device, protocols=protocols, index=index,
+        full_sample=full_sample, sample_seed=sample_seed, compile=compile,
+    )[""]
+
+
+def evaluate_model_and(
+    model: Recommender,
+    on_top: dict[str, OnTop],
+    data: PreparedData,
+    split: str = "test",
+    *,
+    device: torch.device | str | None = None,
+    protocols: Sequence[str] = PROTOCOLS,
+    index: TrainingIndex | None = None,
+    full_sample: int = 0,
+    sample_seed: int = 0,
+    compile: bool = False,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """``evaluate_model`` of ``model`` (key "") and of every ``on_top`` entry (its key), in one
+    pass over the cases: ``model``'s distances are computed once per batch and each entry
+    derives its own from them (a MASS run and the fusions holding it). The entries must be on
+    ``model``'s device, in eval mode."""
     import torch
 
     from masr.sampling import TrainingIndex
@@ -299,12 +360,14 @@ def evaluate_model(
     model.to(index.device).eval()
     compiled = compile_scores(model, compile, index.device)
     try:
-        result = {}
+        result: dict[str, dict[str, dict[str, float]]] = {name: {} for name in ("", *on_top)}
         if "sampled" in protocols:
-            result["sampled"] = metrics_from_ranks(sampled_ranks(model, cases, index))
+            for name, ranks in _sampled_ranks_many(model, cases, index, None, on_top).items():
+                result[name]["sampled"] = metrics_from_ranks(ranks)
         if "full" in protocols:
             full_cases = subsample_cases(cases, full_sample, sample_seed)
-            result["full"] = metrics_from_ranks(full_ranks(model, full_cases, index))
+            for name, ranks in _full_ranks_many(model, full_cases, index, None, on_top).items():
+                result[name]["full"] = metrics_from_ranks(ranks)
     finally:
         model.train(was_training)
         if compiled:

@@ -25,6 +25,7 @@ from masr.runs.registry import (
     NOT_YET_RUN,
     OURS,
     PAPER_BASELINES,
+    RUNS,
     run_order,
 )
 from masr.runs.store import available_runs, load_run
@@ -58,7 +59,7 @@ def evaluate_runs(
     (``evaluate.two_stage_ranks``), with ``candidates`` and ``proposed`` (the share of held-out
     songs MDR proposed). MDR is a fusion run's own part, else the run named ``mdr``.
     ``compile``: see ``evaluate_model``."""
-    from masr.evaluate import evaluate_model
+    from masr.evaluate import evaluate_model, evaluate_model_and
     from masr.sampling import TrainingIndex
     from masr.train import resolve_device
 
@@ -97,11 +98,39 @@ def evaluate_runs(
             compile=compile,
         )
 
-    for run in run_order(wanted):
-        model, _ = load_run(runs_dir, run, data, dev)
-        t0 = time.perf_counter()
-        results[run] = evaluate(model)
-        log(f"{run}: evaluated on {split} in {time.perf_counter() - t0:.1f} s")
+    order = run_order(wanted)
+    # fusions asked for beside their MASS run: scored from that run's distances, computed once
+    # per batch for both (MASS's attention is most of a fusion's evaluation); a fusion whose MASS
+    # part is not that run's weights (retrained since, say) is evaluated on its own
+    fusions = {
+        r: RUNS[r].parts[1]
+        for r in order
+        if r in RUNS and RUNS[r].procedure == "fuse" and RUNS[r].parts[1] in order
+    }
+    ready: dict[str, Any] = {}  # fusions loaded and evaluated with their MASS run
+    for run in order:
+        if run in ready:
+            model = ready.pop(run)
+        else:
+            model, _ = load_run(runs_dir, run, data, dev)
+            on_top = {}
+            for fusion in (f for f, part in fusions.items() if part == run):
+                fused, _ = load_run(runs_dir, fusion, data, dev)
+                if hasattr(fused, "parts") and _same_weights(fused.parts()[1], model):
+                    ready[fusion] = fused.to(dev).eval()
+                    on_top[fusion] = _FusionOnMass(ready[fusion])
+                    for a in alphas:
+                        variant = fused.with_alpha(a).to(dev).eval()
+                        on_top[f"{fusion}@α={a:g}"] = _FusionOnMass(variant)
+            t0 = time.perf_counter()
+            both = evaluate_model_and(
+                model, on_top, data, split, protocols=protocols, index=index,
+                full_sample=full_sample, sample_seed=sample_seed, compile=compile,
+            )
+            results[run] = both.pop("")
+            results.update(both)
+            shared = f" (with {', '.join(on_top)} from the same distances)" if on_top else ""
+            log(f"{run}: evaluated on {split} in {time.perf_counter() - t0:.1f} s{shared}")
         if candidates:
             t0 = time.perf_counter()
             proposer = _proposer(model, runs_dir, data, dev, shared_mdr)
@@ -110,9 +139,38 @@ def evaluate_runs(
             )
             log(f"{run}: two-stage ({candidates} candidates) in {time.perf_counter() - t0:.1f} s")
         for a in alphas if hasattr(model, "with_alpha") else ():
-            fused = model.with_alpha(a).to(dev)  # type: ignore[operator]
-            results[f"{run}@α={a:g}"] = evaluate(fused)
-    return results
+            if f"{run}@α={a:g}" not in results:
+                fused = model.with_alpha(a).to(dev)  # type: ignore[operator]
+                results[f"{run}@α={a:g}"] = evaluate(fused)
+    # table order: each run, then its fusion weights
+    keys = [k for run in order for k in (run, *(f"{run}@α={a:g}" for a in alphas)) if k in results]
+    return {k: results[k] for k in keys}
+
+
+class _FusionOnMass:
+    """A fusion's eq. 20 from its MASS part's distances, given (``evaluate.OnTop``): only its
+    MDR part is computed."""
+
+    def __init__(self, fused: Any):
+        self.fused = fused
+
+    def distance(self, batch: Any, songs: Any, base: Any) -> Any:
+        return self.fused.fuse(self.fused.parts()[0].distance(batch, songs), base)
+
+    def full_distance(self, batch: Any, base: Any) -> Any:
+        return self.fused.fuse(self.fused.parts()[0].full_distance(batch), base)
+
+
+def _same_weights(a: Any, b: Any) -> bool:
+    """The same model class, config and tensors (a fusion's copy of a part, and the part's run)."""
+    import torch
+
+    if type(a) is not type(b) or a.config.to_dict() != b.config.to_dict():
+        return False
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(
+        sa[k].shape == sb[k].shape and torch.equal(sa[k], sb[k].to(sa[k].device)) for k in sa
+    )
 
 
 

@@ -137,17 +137,19 @@ class MASR(Recommender):
     def embedding_tables(self) -> set[str]:
         return set()  # nothing is trained, nothing is perturbed
 
-    def _fuse(self, o_mdr: Tensor, o_mass: Tensor) -> Tensor:
+    def fuse(self, o_mdr: Tensor, o_mass: Tensor) -> Tensor:
+        """Eq. 20 from the parts' distances (any matching shapes): evaluation fuses a MASS run's
+        distances, computed once, with each fusion that holds that MASS."""
         alpha = self.config.alpha
         return alpha * o_mdr + (1.0 - alpha) * o_mass  # eq. 20
 
     def distance(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, C) eq. 20 for each row's candidate ``songs``."""
-        return self._fuse(self.mdr.distance(batch, songs), self.mass.distance(batch, songs))
+        return self.fuse(self.mdr.distance(batch, songs), self.mass.distance(batch, songs))
 
     def full_distance(self, batch: Batch, chunk: int = 256) -> Tensor:
         """(B, V) eq. 20 against every catalog song (both parts in GEMM form)."""
-        return self._fuse(self.mdr.full_distance(batch), self.mass.full_distance(batch, chunk))
+        return self.fuse(self.mdr.full_distance(batch), self.mass.full_distance(batch, chunk))
 
     def full_distance_from_vectors(
         self,
@@ -165,4 +167,4 @@ class MASR(Recommender):
         o_mass = self.mass.full_distance_from_vectors(
             u_mass, u_mass_att, members, member_mask, chunk
         )
-        return self._fuse(o_mdr, o_mass)
+        return self.fuse(o_mdr, o_mass)
