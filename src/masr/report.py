@@ -58,7 +58,9 @@ def evaluate_runs(
     the metrics when MDR proposes that many songs and the run ranks only those
     (``evaluate.two_stage_ranks``), with ``candidates`` and ``proposed`` (the share of held-out
     songs MDR proposed). MDR is a fusion run's own part, else the run named ``mdr``.
-    ``compile``: see ``evaluate_model``."""
+    ``compile``: see ``evaluate_model``. A fusion named beside its MASS run (and holding that
+    run's weights) is scored from the MASS run's distances, computed once per batch for both
+    (``evaluate.evaluate_model_and``): the same figures, about half the work."""
     from masr.evaluate import evaluate_model, evaluate_model_and
     from masr.sampling import TrainingIndex
     from masr.train import resolve_device
