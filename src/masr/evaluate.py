@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -79,18 +79,18 @@ def _clean(d: Tensor) -> Tensor:
     return torch.nan_to_num(d, nan=math.inf)
 
 
-def _count_at_or_below(d: Tensor, target: Tensor) -> Tensor:
-    """(B,) int64: how many of each row's ``d`` (B, V) are <= its ``target`` (B, 1) in
-    ``_clean``'s order (NaN after +inf, ±inf at the float range's ends), without a cleaning
-    pass over ``d``. A NaN target has every entry at or below it; a target at the top of the
-    range (+inf or the largest float) every entry but the NaN ones, which is what comparing
-    the raw ``d`` with +inf counts; for any other target the raw comparison already agrees
-    (a NaN entry compares False, as the +inf it stands for would). The comparison is written
-    into float32 and summed there, about twice as fast on a CPU as summing a bool tensor
-    (exact below 2**24 entries a row)."""
+def _count_at_or_below(d: Tensor, t: Tensor) -> Tensor:
+    """(B,) int64: how many of each row's ``d`` (B, V) are <= its target ``t`` (B, 1, already
+    through ``_clean``) in ``_clean``'s order (NaN after +inf, ±inf at the float range's ends),
+    without a cleaning pass over ``d``. A NaN target (+inf once cleaned) has every entry at or
+    below it; a target at the top of the range (+inf or the largest float, both the largest
+    float once cleaned) every entry but the NaN ones, which is what comparing the raw ``d``
+    with +inf counts; for any other target the raw comparison already agrees (a NaN entry
+    compares False, as the +inf it stands for would). The comparison is written into float32
+    and summed there, about twice as fast on a CPU as summing a bool tensor (exact below 2**24
+    entries a row)."""
     import torch
 
-    t = _clean(target)  # (B, 1)
     top = t >= torch.finfo(t.dtype).max  # NaN (now +inf) or +inf / the largest float
     t_cmp = torch.where(top, math.inf, t)
     if d.shape[1] < 2**24:
@@ -223,15 +223,14 @@ def _full_ranks_many(
             base = model.full_distance(batch)  # (B, V); NaN ranks as +inf (_clean's order)
             for name in out:
                 d = base if not name else on_top[name].full_distance(batch, base)
-                d_target = d.gather(1, target)  # (B, 1)
+                d_target = _clean(d.gather(1, target))  # (B, 1)
                 # every song at or below the held-out one, then less the ones that do not
                 # compete: the held-out song itself and the playlist's training songs (distinct:
                 # TrainingIndex.keys is strictly ascending), counted on their (B, L) list rather
                 # than through a (B, V) mask
                 rank = _count_at_or_below(d, d_target) - 1  # (B,)
-                rank -= ((_clean(d.gather(1, songs)) <= _clean(d_target)) & real).sum(1)
+                rank -= ((_clean(d.gather(1, songs)) <= d_target) & real).sum(1)
                 out[name].append(rank.cpu())
-                del d
     return {name: _unsort(parts, order) for name, parts in out.items()}
 
 
@@ -299,29 +298,12 @@ def _training_songs(index: TrainingIndex, playlists: Tensor, v: int) -> Tensor:
 
 
 def evaluate_model(
-    model: Recommender,
-    data: PreparedData,
-    split: str = "test",
-    *,
-    device: torch.device | str | None = None,
-    protocols: Sequence[str] = PROTOCOLS,
-    index: TrainingIndex | None = None,
-    full_sample: int = 0,
-    sample_seed: int = 0,
-    compile: bool = False,
+    model: Recommender, data: PreparedData, split: str = "test", **options: Any
 ) -> dict[str, dict[str, float]]:
-    """``{"sampled": {hit@1.., ndcg@1..}, "full": {...}}`` for ``split`` ("test" or "valid").
-
-    ``full_sample`` > 0 ranks only that many cases, drawn without replacement with
-    ``sample_seed``, under the full protocol (for large catalogs); the sampled protocol always
-    uses every case. ``compile``: on a CPU, the model's full-ranking scores through
-    ``torch.compile`` where it has them (MASS and the fusions; ``masr.compiled``): the same
-    ranks up to float rounding. Training's validation leaves it False: the training run has
-    already switched them on."""
-    return evaluate_model_and(
-        model, {}, data, split, device=device, protocols=protocols, index=index,
-        full_sample=full_sample, sample_seed=sample_seed, compile=compile,
-    )[""]
+    """``{"sampled": {hit@1.., ndcg@1..}, "full": {...}}`` for ``split`` ("test" or "valid");
+    ``options`` are ``evaluate_model_and``'s keywords (device, protocols, index, full_sample,
+    sample_seed, compile)."""
+    return evaluate_model_and(model, {}, data, split, **options)[""]
 
 
 def evaluate_model_and(
@@ -337,10 +319,17 @@ def evaluate_model_and(
     sample_seed: int = 0,
     compile: bool = False,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """``evaluate_model`` of ``model`` (key "") and of every ``on_top`` entry (its key), in one
-    pass over the cases: ``model``'s distances are computed once per batch and each entry
-    derives its own from them (a MASS run and the fusions holding it). The entries must be on
-    ``model``'s device, in eval mode."""
+    """``{name: {"sampled": metrics, "full": metrics}}`` of ``model`` (name "") and of every
+    ``on_top`` entry (its key), in one pass over the cases: ``model``'s distances are computed
+    once per batch and each entry derives its own from them (a MASS run and the fusions holding
+    it). The entries must be on ``model``'s device, in eval mode.
+
+    ``full_sample`` > 0 ranks only that many cases, drawn without replacement with
+    ``sample_seed``, under the full protocol (for large catalogs); the sampled protocol always
+    uses every case. ``compile``: on a CPU, the model's full-ranking scores through
+    ``torch.compile`` where it has them (MASS and the fusions; ``masr.compiled``): the same
+    ranks up to float rounding. Training's validation leaves it False: the training run has
+    already switched them on."""
     import torch
 
     from masr.sampling import TrainingIndex

@@ -50,7 +50,7 @@ def evaluate_runs(
     compile: bool = False,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """``{run: {"sampled": metrics, "full": metrics}}`` for the named runs (``all`` = every
-    run in ``runs_dir``), in table order; ``full_sample``: see ``evaluate_model``. Each fusion
+    run in ``runs_dir``), in table order; ``full_sample``: see ``evaluate_model_and``. Each fusion
     run (masr, amasr) is also evaluated with its parts re-weighted by every α in ``alphas``
     (eq. 20), as ``<run>@α=<a>``: what another fusion weight would give, without retraining.
 
@@ -58,10 +58,10 @@ def evaluate_runs(
     the metrics when MDR proposes that many songs and the run ranks only those
     (``evaluate.two_stage_ranks``), with ``candidates`` and ``proposed`` (the share of held-out
     songs MDR proposed). MDR is a fusion run's own part, else the run named ``mdr``.
-    ``compile``: see ``evaluate_model``. A fusion named beside its MASS run (and holding that
+    ``compile``: see ``evaluate_model_and``. A fusion named beside its MASS run (and holding that
     run's weights) is scored from the MASS run's distances, computed once per batch for both
     (``evaluate.evaluate_model_and``): the same figures, about half the work."""
-    from masr.evaluate import evaluate_model, evaluate_model_and
+    from masr.evaluate import evaluate_model_and
     from masr.sampling import TrainingIndex
     from masr.train import resolve_device
 
@@ -88,16 +88,11 @@ def evaluate_runs(
     results = {}
     shared_mdr: list = []  # the `mdr` run, loaded once when a non-fusion run needs it
 
-    def evaluate(model: Any) -> dict[str, dict[str, float]]:
-        return evaluate_model(
-            model,
-            data,
-            split,
-            protocols=protocols,
-            index=index,
-            full_sample=full_sample,
-            sample_seed=sample_seed,
-            compile=compile,
+    def evaluate(model: Any, on_top: Any = None) -> dict[str, dict[str, dict[str, float]]]:
+        """{"": the model's metrics, and each ``on_top`` entry's}"""
+        return evaluate_model_and(
+            model, on_top or {}, data, split, protocols=protocols, index=index,
+            full_sample=full_sample, sample_seed=sample_seed, compile=compile,
         )
 
     order = run_order(wanted)
@@ -125,10 +120,7 @@ def evaluate_runs(
                         variant = fused.with_alpha(a).to(dev).eval()
                         on_top[f"{fusion}@α={a:g}"] = _FusionOnMass(variant)
             t0 = time.perf_counter()
-            both = evaluate_model_and(
-                model, on_top, data, split, protocols=protocols, index=index,
-                full_sample=full_sample, sample_seed=sample_seed, compile=compile,
-            )
+            both = evaluate(model, on_top)
             results[run] = both.pop("")
             results.update(both)
             shared = f" (with {', '.join(on_top)} from the same distances)" if on_top else ""
@@ -143,7 +135,7 @@ def evaluate_runs(
         for a in alphas if hasattr(model, "with_alpha") else ():
             if f"{run}@α={a:g}" not in results:
                 fused = model.with_alpha(a).to(dev)  # type: ignore[operator]
-                results[f"{run}@α={a:g}"] = evaluate(fused)
+                results[f"{run}@α={a:g}"] = evaluate(fused)[""]
     # table order: each run, then its fusion weights
     keys = [k for run in order for k in (run, *(f"{run}@α={a:g}" for a in alphas)) if k in results]
     return {k: results[k] for k in keys}
