@@ -172,6 +172,14 @@ def command(
         int,
         typer.Option(help="MASS: at most this many member songs per row (sampled when longer)."),
     ] = _T.max_members,
+    member_dropout: Annotated[
+        float,
+        typer.Option(
+            help="MASS (and the other member-reading models): leave each member song of a "
+            "training row out with this probability (at least one kept), a regulariser "
+            "against memorising whole playlists; 0 = off (the paper's)."
+        ),
+    ] = _T.member_dropout,
     patience: Annotated[
         int,
         typer.Option(
@@ -299,6 +307,7 @@ def command(
             select=select.value,
             valid_sample=valid_sample,
             max_members=max_members,
+            member_dropout=member_dropout,
             patience=patience,
             time_limit=time_limit,
             sparse=sparse,

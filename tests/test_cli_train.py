@@ -201,6 +201,26 @@ def test_adv_lr_is_the_apr_phase_learning_rate(tmp_path: Path) -> None:
     _fails([*args, "--adv-lr", "0"], "--adv-lr")
 
 
+def test_member_dropout_is_recorded_and_retrains_only_member_models(tmp_path: Path) -> None:
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    args = ["train", "--model", "masr", "--data", str(data), "--runs", str(runs), *TINY]
+    _ok(args)
+
+    def info(run: str) -> dict:
+        return json.loads((runs / run / "run.json").read_text())
+
+    assert "member_dropout" not in info("mass")["train_config"]  # off: the old signature
+    stamps = {r: (runs / r / "best.pt").stat().st_mtime_ns for r in ("mdr", "mass")}
+    _ok([*args, "--member-dropout", "0.4"])
+    assert info("mass")["train_config"]["member_dropout"] == 0.4
+    assert (runs / "mass" / "best.pt").stat().st_mtime_ns != stamps["mass"]  # retrained
+    assert (runs / "mdr" / "best.pt").stat().st_mtime_ns == stamps["mdr"]  # reads no members
+    _fails([*args, "--member-dropout", "1"], "--member-dropout")
+
+
 def test_set_scoped_to_one_model_and_row_dropout(tmp_path: Path) -> None:
     """--set MODEL.NAME=VALUE sets NAME for that model's runs only, over --set NAME=VALUE; the
     recipe's values give way to it; row dropout trains under the softmax loss."""

@@ -145,3 +145,48 @@ def test_planted_training_pairs(planted: PreparedData) -> None:
     index = TrainingIndex.from_data(planted)
     assert bool(is_training_pair(index, index.playlist, index.song).all())
     assert int(index.max_length) == int(np.diff(planted.indptr).max())
+
+
+def test_member_dropout_keeps_a_uniform_share_and_never_the_positive() -> None:
+    songs = list(range(11))  # positive song 0 -> members 1..10
+    index = TrainingIndex.from_data(make_data([songs, [3], [0, 5]], 12))
+    rows = torch.cat([torch.zeros(6000, dtype=torch.long), torch.tensor([11, 12, 13])])
+    g = torch.Generator().manual_seed(5)
+    members, mask = sample_members(index, rows, max_members=50, generator=g, dropout=0.3)
+    many, few = members[:6000], mask[:6000]
+    kept = few.sum(1)
+    assert int(kept.min()) >= 1 and members.shape[1] == int(mask.sum(1).max())
+    assert abs(float(kept.float().mean()) - 10 * 0.7) < 0.1  # each member kept with 1 - p
+    assert bool(((many[few] >= 1) & (many[few] <= 10)).all())  # never the positive
+    for r in range(0, 6000, 997):  # real members first, distinct
+        got = many[r][few[r]]
+        assert bool(few[r][: int(kept[r])].all()) and got.unique().numel() == got.numel()
+    counts = torch.bincount(many[few], minlength=11)[1:].float()
+    assert float((counts - counts.mean()).abs().max()) < 0.05 * float(counts.mean())
+    # the one-song playlist (row 11) has no member; rows 12-13 keep their only other member
+    assert not bool(mask[6000].any())
+    assert members[6001][mask[6001]].tolist() == [5] and members[6002][mask[6002]].tolist() == [0]
+
+
+def test_member_dropout_with_a_cap_and_the_default_path() -> None:
+    songs = list(range(30))
+    index = TrainingIndex.from_data(make_data([songs, [0]], 31))
+    rows = torch.zeros(3000, dtype=torch.long)
+    g = torch.Generator().manual_seed(2)
+    members, mask = sample_members(index, rows, max_members=8, generator=g, dropout=0.5)
+    assert members.shape == (3000, 8) and int(mask.sum(1).min()) >= 1
+    # 29 members, about 14.5 kept: nearly always capped at 8, distinct, never song 0
+    assert float(mask.all(1).float().mean()) > 0.95
+    real = members[mask]
+    assert bool((real >= 1).all())
+    ordered = members.sort(1).values
+    assert bool((ordered[:, 1:] != ordered[:, :-1]).all())
+    # p = 0 is the plain path, draw for draw
+    a = sample_members(index, rows[:50], 8, torch.Generator().manual_seed(9))
+    b = sample_members(index, rows[:50], 8, torch.Generator().manual_seed(9), dropout=0.0)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    tb = training_batch(
+        index, rows[:4], uses_members=True, max_members=50, member_dropout=0.9,
+        generator=torch.Generator().manual_seed(1),
+    )
+    assert int(tb.member_mask.sum(1).min()) >= 1 and tb.members.shape[1] < 29

@@ -114,6 +114,9 @@ class TrainConfig:
     #: and ranks 2,000 (one standard error of an AOTM full hit@10 ≈ 0.0035)
     valid_sample: int = 500
     max_members: int = 50  # MASS member list cap (uniform sample when longer)
+    #: member-reading models (MASS, FISM ...): each training row's member songs are left out
+    #: independently with this probability (at least one kept); 0 = off, the paper's
+    member_dropout: float = 0.0
     patience: int = 5  # stop after this many epochs without a better validation; 0 = never
     #: seconds of training and validation per run: the step that passes it ends the epoch
     #: (validated, kept) and the run (torchrun: the epoch that passes it); a fixed budget per
@@ -149,6 +152,11 @@ class TrainConfig:
                 ("--select", self.select in SELECTIONS, f"must be one of {_list(SELECTIONS)}"),
                 ("--valid-sample", self.valid_sample >= 0, "must be >= 0 (0 = every case)"),
                 ("--max-members", self.max_members >= 1, "must be >= 1"),
+                (
+                    "--member-dropout",
+                    0 <= self.member_dropout < 1 and _finite(self.member_dropout),
+                    "must be in [0, 1)",
+                ),
                 ("--patience", self.patience >= 0, "must be >= 0 (0 turns early stopping off)"),
                 ("--time-limit", self.time_limit >= 0, "must be >= 0 seconds (0 = no limit)"),
                 ("sort_window", self.sort_window >= 0, "must be >= 0"),
@@ -156,7 +164,12 @@ class TrainConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields; ``member_dropout`` only when on, so a run trained before it existed
+        keeps its signature (and is reused)."""
+        values = asdict(self)
+        if not values["member_dropout"]:
+            del values["member_dropout"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
@@ -209,8 +222,8 @@ OPTION_PATHS: dict[str, tuple[str, str]] = {
         p: ("train", p)
         for p in (
             "epochs", "batch_size", "lr", "reg", "loss", "neg", "neg_mode", "neg_sampler",
-            "temperature", "select", "valid_sample", "max_members", "patience", "time_limit",
-            "seed", "sparse",
+            "temperature", "select", "valid_sample", "max_members", "member_dropout", "patience",
+            "time_limit", "seed", "sparse",
         )
     },
     "adv_epochs": ("adversarial", "epochs"),

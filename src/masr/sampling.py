@@ -9,7 +9,8 @@ playlist, then song), so sampling runs where training runs and never loops per e
   the global key ``playlist * V + (m_i - i)`` answers that count for a whole batch. No rejection
   rounds, no Python loop, and it stays exact for playlists that hold most of the catalog.
 * Members (MASS's s_t, eq. 15-19) of a training row are the playlist's training songs minus the
-  row's own (positive) song, capped at ``max_members`` by uniform sampling without replacement.
+  row's own (positive) song, capped at ``max_members`` by uniform sampling without replacement;
+  in training, optionally each left out with a probability (member dropout, ``--member-dropout``).
 """
 
 from __future__ import annotations
@@ -230,30 +231,67 @@ def sample_members(
     rows: Tensor,
     max_members: int,
     generator: torch.Generator | None = None,
+    dropout: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """Member songs of training rows ``rows`` (B,): the playlist's other training songs.
 
     Returns ``members`` (B, L) and ``member_mask`` (B, L) with L = min(max_members, the longest
     list in the batch), at least 1. Lists longer than ``max_members`` are a uniform sample
-    without replacement; real members come first, padding (song 0, mask False) after."""
+    without replacement; real members come first, padding (song 0, mask False) after.
+
+    ``dropout`` p > 0 (member dropout, training only): each member is left out independently
+    with probability p, except that a row with any member keeps at least one (the one with the
+    largest draw); the kept members are then capped as above, and L shrinks to the longest
+    kept list. The attention of eq. 18 renormalises over the kept members, so no rescaling."""
     playlists = index.playlist[rows]  # (B,)
     start = index.indptr[playlists]  # (B,)
     others = index.lengths(playlists) - 1  # (B,) members besides the positive
     own = rows - start  # (B,) the positive's offset inside its playlist
     longest = int(others.max()) if rows.numel() else 0
-    width = max(1, min(max_members, longest))
-    slots = torch.arange(width, device=index.device)  # (L,)
-    if longest <= max_members:
-        offsets = slots.expand(rows.shape[0], width)  # (B, L) every member, in order
+    if dropout > 0 and longest > 0:
+        offsets, kept = _kept_members(index, others, longest, max_members, generator, dropout)
     else:
-        # Uniform sample without replacement: the `width` smallest of random keys, where slots
-        # past a row's length get key 2 (> any uniform draw) so real members come first.
-        keys = torch.rand((rows.shape[0], longest), generator=generator, device=index.device)
-        keys.masked_fill_(torch.arange(longest, device=index.device) >= others.unsqueeze(1), 2.0)
-        offsets = keys.topk(width, dim=1, largest=False, sorted=True).indices  # (B, L)
-    mask = slots.unsqueeze(0) < others.clamp(max=width).unsqueeze(1)  # (B, L)
+        width = max(1, min(max_members, longest))
+        if longest <= max_members:
+            # (B, L) every member, in order
+            offsets = torch.arange(width, device=index.device).expand(rows.shape[0], width)
+        else:
+            # Uniform sample without replacement: the `width` smallest of random keys, where
+            # slots past a row's length get key 2 (> any uniform draw): real members first.
+            keys = torch.rand((rows.shape[0], longest), generator=generator, device=index.device)
+            keys.masked_fill_(
+                torch.arange(longest, device=index.device) >= others.unsqueeze(1), 2.0
+            )
+            offsets = keys.topk(width, dim=1, largest=False, sorted=True).indices  # (B, L)
+        kept = others.clamp(max=width)
+    slots = torch.arange(offsets.shape[1], device=index.device)  # (L,)
+    mask = slots.unsqueeze(0) < kept.unsqueeze(1)  # (B, L)
     offsets = offsets + (offsets >= own.unsqueeze(1)).long()  # skip the positive itself
     return _gather_members(index, start, offsets, mask)
+
+
+def _kept_members(
+    index: TrainingIndex,
+    others: Tensor,
+    longest: int,
+    max_members: int,
+    generator: torch.Generator | None,
+    dropout: float,
+) -> tuple[Tensor, Tensor]:
+    """Member dropout for ``sample_members``: offsets (B, L) of the kept members (first, in a
+    uniform random order) among each row's ``others`` members, and how many are real (B,)."""
+    n = others.shape[0]
+    draws = torch.rand((n, longest), generator=generator, device=index.device)  # (B, longest)
+    real = torch.arange(longest, device=index.device) < others.unsqueeze(1)
+    draws.masked_fill_(~real, -1.0)
+    # keep a member when its draw is >= p; the row's largest draw always (>= 1 member kept)
+    keep = (draws >= dropout) | (draws == draws.max(1, keepdim=True).values)
+    keep &= real
+    kept = keep.sum(1).clamp(max=max_members)  # (B,)
+    width = max(1, int(kept.max()))
+    # the kept members' draws are uniform on [p, 1): the `width` largest are a uniform sample
+    keys = draws.masked_fill(~keep, -2.0)
+    return keys.topk(width, dim=1, largest=True, sorted=True).indices, kept
 
 
 def playlist_members(
@@ -286,12 +324,14 @@ def training_batch(
     uses_members: bool,
     max_members: int,
     generator: torch.Generator | None = None,
+    member_dropout: float = 0.0,
 ) -> Batch:
     """The model input for training rows ``rows`` (B,); members only when the model reads
-    them (otherwise an all-padding (B, 1) list, so no time is spent building it)."""
+    them (otherwise an all-padding (B, 1) list, so no time is spent building it), each left
+    out with probability ``member_dropout`` (``sample_members``)."""
     playlists = index.playlist[rows]
     if uses_members:
-        members, mask = sample_members(index, rows, max_members, generator)
+        members, mask = sample_members(index, rows, max_members, generator, member_dropout)
     else:
         members, mask = _no_members(index, rows.shape[0])
     return Batch(

@@ -550,6 +550,7 @@ def train_model(
                     uses_members=model.uses_members,
                     max_members=config.max_members,
                     generator=generator,
+                    member_dropout=config.member_dropout,
                 )
                 positives = index.song[rows]  # (B,)
                 part = shard(rows.numel()) if ranks.distributed else None

@@ -124,6 +124,8 @@ def model_config(name: str, overrides: dict[str, Any]) -> Any:
 
 def signature(name: str, options: RunOptions, fingerprint: str) -> dict[str, Any]:
     """Everything that determines run ``name``'s result: equal signatures -> reusable run."""
+    from masr.models import model_class
+
     spec = run_spec(name)
     sig: dict[str, Any] = {"run": name, "model": spec.model, "procedure": spec.procedure}
     if spec.settings:
@@ -135,6 +137,8 @@ def signature(name: str, options: RunOptions, fingerprint: str) -> dict[str, Any
         return sig
     sig["model_config"] = model_config(name, options.model).to_dict()
     sig["train"] = options.train.to_dict()
+    if not model_class(spec.model).uses_members:
+        sig["train"].pop("member_dropout", None)  # changes nothing for these models
     if spec.procedure == "apr":
         sig["adversarial"] = options.adversarial.to_dict()
         sig["start"] = signature(spec.start_from or "", options, fingerprint)
