@@ -57,7 +57,10 @@ def _recipe_text(name: str, cpu: bool = False) -> str:
     what it sets otherwise on a CPU)."""
     recipe = CPU_RECIPES.get(name, {}) if cpu else RECIPES[name]
     values = {**recipe.get("train", {}), **recipe.get("adversarial", {})}
-    text = [f"--{k.replace('_', '-')} {v}" for k, v in values.items()]
+    text = []
+    for key, value in values.items():
+        scope, dot, name = key.rpartition(".")
+        text.append(f"--{name.replace('_', '-')} {value}" + (f" for {scope}" if dot else ""))
     text += [f"--set {k}={v}" for k, v in recipe.get("model", {}).items()]
     return " ".join(text)
 

@@ -272,8 +272,16 @@ def test_default_recipe_is_fullrank_for_masr_models_and_sized_for_the_device(
     gpu = RunOptions().with_recipe("fullrank", set(), "cuda")
     cpu = RunOptions().with_recipe("fullrank", set(), "cpu")
     assert (gpu.train.neg, cpu.train.neg) == (1024, 128) and cpu.train.loss == "softmax"
+    # on a CPU MDR (and AMDR) keeps the 1,024 negatives, MASS and the rest take 128
+    assert [gpu.train_for(m).neg for m in ("mdr", "mass")] == [1024, 1024]
+    assert [cpu.train_for(m).neg for m in ("mdr", "mass", "fism")] == [1024, 128, 128]
     given = RunOptions(train=TrainConfig(neg=512)).with_recipe("fullrank", {"neg"}, "cpu")
-    assert given.train.neg == 512
+    assert given.train.neg == 512 and given.train_for("mdr").neg == 512  # --neg wins for all
+    assert RunOptions.from_dict(cpu.to_dict()).train_for("mdr").neg == 1024
+    # --resume keeps the saved per-model values unless the option is given again
+    assert RunOptions().merged(cpu, set()).train_for("mdr").neg == 1024
+    again = RunOptions(train=TrainConfig(neg=64)).merged(cpu, {"neg"})
+    assert again.train_for("mdr").neg == again.train_for("mass").neg == 64
     from conftest import write_planted
 
     data = write_planted(tmp_path / "data")
@@ -282,7 +290,7 @@ def test_default_recipe_is_fullrank_for_masr_models_and_sized_for_the_device(
                 "--epochs", "1", "--device", "cpu"])
     mdr = json.loads((tmp_path / "r" / "mdr" / "run.json").read_text())
     fism = json.loads((tmp_path / "r" / "fism" / "run.json").read_text())
-    assert mdr["options"]["recipe"] == "fullrank" and mdr["train_config"]["neg"] == 128
+    assert mdr["options"]["recipe"] == "fullrank" and mdr["train_config"]["neg"] == 1024
     assert mdr["train_config"]["loss"] == "softmax" and mdr["model_config"]["dropout"] == 0.0
     assert mdr["model_config"]["init_std"] == 0.002
     assert fism["options"]["recipe"] == "paper" and fism["train_config"]["loss"] == "bpr"

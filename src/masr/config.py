@@ -268,8 +268,12 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
 }
 #: Recipe values that replace the above on a CPU: 1,024 shared negatives make a MASS step 10-15x
 #: the paper recipe's there, while on AOTM-2011 128 gave the same AMASR validation figure
-#: (docs/training.md: 0.0640 full hit@10 at 128 on a CPU, 0.0655 at 1,024 on a GPU).
-CPU_RECIPES: dict[str, dict[str, dict[str, Any]]] = {"fullrank": {"train": {"neg": 128}}}
+#: (docs/training.md: 0.0640 full hit@10 at 128 on a CPU, 0.0655 at 1,024 on a GPU). MDR
+#: (``mdr.neg``: MDR's runs, AMDR's too) keeps 1,024: its negatives cost one GEMM, and on AOTM
+#: validation they lift AMDR from 0.0480 to 0.0575 full hit@10 (docs/training.md).
+CPU_RECIPES: dict[str, dict[str, dict[str, Any]]] = {
+    "fullrank": {"train": {"neg": 128, "mdr.neg": 1024}}
+}
 #: the recipe ``masr train`` uses for masr's own models (MDR, MASS, their A-variants, fusions
 #: and ablations) when --recipe is not given: the best on AOTM validation under full ranking,
 #: with a sampled figure above the paper recipe's (docs/training.md). The baselines keep their
@@ -286,6 +290,9 @@ class RunOptions:
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)
     #: model-config overrides (``dim``, ...), applied to every model whose config has that field
     model: dict[str, Any] = field(default_factory=dict)
+    #: training values for one model's runs over ``train`` (model name -> TrainConfig fields),
+    #: set by recipes' ``MODEL.NAME`` train keys (the CPU recipe's ``mass.neg``); ``train_for``
+    model_train: dict[str, dict[str, Any]] = field(default_factory=dict)
     alpha: float = ALPHA  # eq. 20's weight of MDR in the fusion
     device: str = "auto"
     recipe: str = "paper"  # the recipe the values came from (RECIPES), for the record
@@ -309,7 +316,17 @@ class RunOptions:
             cpu = CPU_RECIPES.get(name, {})
             recipe = {sec: {**recipe.get(sec, {}), **cpu.get(sec, {})} for sec in {*recipe, *cpu}}
         given = {OPTION_PATHS[p] for p in explicit if p in OPTION_PATHS}
-        train = {k: v for k, v in recipe.get("train", {}).items() if ("train", k) not in given}
+        train: dict[str, Any] = {}
+        model_train = {m: dict(v) for m, v in self.model_train.items()}
+        for key, value in recipe.get("train", {}).items():
+            # a MODEL.NAME value (``mass.neg``) is for that model's runs; both yield to --NAME
+            scope, dot, field_name = key.rpartition(".")
+            if ("train", field_name) in given:
+                continue
+            if dot:
+                model_train.setdefault(scope, {})[field_name] = value
+            else:
+                train[field_name] = value
         adversarial = {
             k: v for k, v in recipe.get("adversarial", {}).items()
             if ("adversarial", k) not in given
@@ -325,8 +342,14 @@ class RunOptions:
             train=replace(self.train, **train),
             adversarial=replace(self.adversarial, **adversarial),
             model=model,
+            model_train=model_train,
             recipe=name,
         )
+
+    def train_for(self, model: str) -> TrainConfig:
+        """The training values of ``model``'s runs: ``train`` with its ``model_train`` over it."""
+        values = self.model_train.get(model)
+        return replace(self.train, **values) if values else self.train
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -337,6 +360,7 @@ class RunOptions:
             train=TrainConfig.from_dict(values.get("train", {})),
             adversarial=AdversarialConfig.from_dict(values.get("adversarial", {})),
             model=dict(values.get("model", {})),
+            model_train={m: dict(v) for m, v in values.get("model_train", {}).items()},
             alpha=float(values.get("alpha", ALPHA)),
             device=str(values.get("device", "auto")),
             recipe=str(values.get("recipe", "paper")),
@@ -359,11 +383,18 @@ class RunOptions:
                 sections[section][name] = getattr(getattr(saved, section), name)
             else:
                 sections[""][name] = getattr(saved, name)
+        given = {OPTION_PATHS[p][1] for p in explicit if OPTION_PATHS.get(p, ("",))[0] == "train"}
+        model_train = {
+            m: kept
+            for m, values in saved.model_train.items()
+            if (kept := {k: v for k, v in values.items() if k not in given})
+        }
         return replace(
             self,
             train=replace(self.train, **sections["train"]),
             adversarial=replace(self.adversarial, **sections["adversarial"]),
             model=model,
+            model_train=model_train,
             **sections[""],
         )
 

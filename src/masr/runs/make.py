@@ -159,12 +159,12 @@ def _build(
     from masr.checkpoint import build_model, load_checkpoint
     from masr.train import train_model
 
-    train_cfg = options.train
+    train_cfg = options.train_for(spec.model)
     adversarial = None
     if spec.procedure == "apr":
         adversarial = options.adversarial
-        apr_lr = options.adversarial.lr or options.train.lr  # --adv-lr, else --lr
-        train_cfg = replace(options.train, epochs=options.adversarial.epochs, lr=apr_lr)
+        apr_lr = options.adversarial.lr or train_cfg.lr  # --adv-lr, else --lr
+        train_cfg = replace(train_cfg, epochs=options.adversarial.epochs, lr=apr_lr)
 
     resume_state = None
     can_resume = (

@@ -136,7 +136,7 @@ def signature(name: str, options: RunOptions, fingerprint: str) -> dict[str, Any
         sig["parts"] = [signature(p, options, fingerprint) for p in spec.parts]
         return sig
     sig["model_config"] = model_config(name, options.model).to_dict()
-    sig["train"] = options.train.to_dict()
+    sig["train"] = options.train_for(spec.model).to_dict()
     if not model_class(spec.model).uses_members:
         sig["train"].pop("member_dropout", None)  # changes nothing for these models
     if spec.procedure == "apr":
