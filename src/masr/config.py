@@ -270,7 +270,8 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
 #: the paper recipe's there, while on AOTM-2011 128 gave the same AMASR validation figure
 #: (docs/training.md: 0.0640 full hit@10 at 128 on a CPU, 0.0655 at 1,024 on a GPU). MDR
 #: (``mdr.neg``: MDR's runs, AMDR's too) keeps 1,024: its negatives cost one GEMM, and on AOTM
-#: validation they lift AMDR from 0.0480 to 0.0575 full hit@10 (docs/training.md).
+#: validation they lift AMDR by 0.0095-0.0120 full hit@10 over two seeds, AMASR by
+#: 0.002-0.0075 (docs/training.md, "MDR's negatives on a CPU").
 CPU_RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "fullrank": {"train": {"neg": 128, "mdr.neg": 1024}}
 }
@@ -291,7 +292,7 @@ class RunOptions:
     #: model-config overrides (``dim``, ...), applied to every model whose config has that field
     model: dict[str, Any] = field(default_factory=dict)
     #: training values for one model's runs over ``train`` (model name -> TrainConfig fields),
-    #: set by recipes' ``MODEL.NAME`` train keys (the CPU recipe's ``mass.neg``); ``train_for``
+    #: set by recipes' ``MODEL.NAME`` train keys (the CPU recipe's ``mdr.neg``); ``train_for``
     model_train: dict[str, dict[str, Any]] = field(default_factory=dict)
     alpha: float = ALPHA  # eq. 20's weight of MDR in the fusion
     device: str = "auto"
@@ -319,7 +320,7 @@ class RunOptions:
         train: dict[str, Any] = {}
         model_train = {m: dict(v) for m, v in self.model_train.items()}
         for key, value in recipe.get("train", {}).items():
-            # a MODEL.NAME value (``mass.neg``) is for that model's runs; both yield to --NAME
+            # a MODEL.NAME value (``mdr.neg``) is for that model's runs; both yield to --NAME
             scope, dot, field_name = key.rpartition(".")
             if ("train", field_name) in given:
                 continue
