@@ -283,6 +283,11 @@ DEFAULT_RECIPE = "fullrank"
 BASELINE_RECIPE = "paper"
 
 
+def _paths(explicit: set[str]) -> set[tuple[str, str]]:
+    """The ``OPTION_PATHS`` (section, field) of the options given on the command line."""
+    return {OPTION_PATHS[p] for p in explicit if p in OPTION_PATHS}
+
+
 @dataclass
 class RunOptions:
     """Everything ``masr train`` decides; each run takes the parts that apply to it."""
@@ -316,7 +321,7 @@ class RunOptions:
         if device == "cpu":
             cpu = CPU_RECIPES.get(name, {})
             recipe = {sec: {**recipe.get(sec, {}), **cpu.get(sec, {})} for sec in {*recipe, *cpu}}
-        given = {OPTION_PATHS[p] for p in explicit if p in OPTION_PATHS}
+        given = _paths(explicit)
         train: dict[str, Any] = {}
         model_train = {m: dict(v) for m, v in self.model_train.items()}
         for key, value in recipe.get("train", {}).items():
@@ -384,11 +389,11 @@ class RunOptions:
                 sections[section][name] = getattr(getattr(saved, section), name)
             else:
                 sections[""][name] = getattr(saved, name)
-        given = {OPTION_PATHS[p][1] for p in explicit if OPTION_PATHS.get(p, ("",))[0] == "train"}
+        given = _paths(explicit)
         model_train = {
             m: kept
             for m, values in saved.model_train.items()
-            if (kept := {k: v for k, v in values.items() if k not in given})
+            if (kept := {k: v for k, v in values.items() if ("train", k) not in given})
         }
         return replace(
             self,
