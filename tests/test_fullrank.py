@@ -282,13 +282,28 @@ def test_default_recipe_is_fullrank_for_masr_models_and_sized_for_the_device(
     assert RunOptions().merged(cpu, set()).train_for("mdr").neg == 1024
     again = RunOptions(train=TrainConfig(neg=64)).merged(cpu, {"neg"})
     assert again.train_for("mdr").neg == again.train_for("mass").neg == 64
+    # AMDR's APR noise is the recipe's mdr.eps on every device, AMASS keeps the paper's;
+    # --eps given wins for both, and --resume keeps the saved value unless --eps is given
+    eps = RECIPES["fullrank"]["adversarial"]["mdr.eps"]
+    for options in (gpu, cpu, RunOptions.from_dict(cpu.to_dict()), RunOptions().merged(cpu, set())):
+        assert [options.adversarial_for(m).eps for m in ("mdr", "mass")] == [eps, 1.0]
+    given_eps = RunOptions(adversarial=AdversarialConfig(eps=0.5)).with_recipe(
+        "fullrank", {"eps"}, "cpu"
+    )
+    assert [given_eps.adversarial_for(m).eps for m in ("mdr", "mass")] == [0.5, 0.5]
+    again_eps = RunOptions(adversarial=AdversarialConfig(eps=0.5)).merged(cpu, {"eps"})
+    assert again_eps.adversarial_for("mdr").eps == 0.5
+    assert RunOptions().with_recipe("paper", set()).adversarial_for("mdr").eps == 1.0
     from conftest import write_planted
 
     data = write_planted(tmp_path / "data")
-    for model in ("mdr", "fism"):  # no --recipe
+    for model in ("amdr", "fism"):  # no --recipe; amdr trains mdr first
         _train(["--model", model, "--data", str(data), "--runs", str(tmp_path / "r"), *FAST,
-                "--epochs", "1", "--device", "cpu"])
+                "--epochs", "1", "--adv-epochs", "1", "--device", "cpu"])
     mdr = json.loads((tmp_path / "r" / "mdr" / "run.json").read_text())
+    amdr = json.loads((tmp_path / "r" / "amdr" / "run.json").read_text())
+    assert amdr["adversarial"]["eps"] == RECIPES["fullrank"]["adversarial"]["mdr.eps"]
+    assert amdr["signature"]["adversarial"]["eps"] == amdr["adversarial"]["eps"]
     fism = json.loads((tmp_path / "r" / "fism" / "run.json").read_text())
     assert mdr["options"]["recipe"] == "fullrank" and mdr["train_config"]["neg"] == 1024
     assert mdr["train_config"]["loss"] == "softmax" and mdr["model_config"]["dropout"] == 0.0
