@@ -56,12 +56,11 @@ def _recipe_text(name: str, cpu: bool = False) -> str:
     """``--loss softmax --neg 1024 ...``: what recipe ``name`` sets, as options (``cpu``: only
     what it sets otherwise on a CPU)."""
     recipe = CPU_RECIPES.get(name, {}) if cpu else RECIPES[name]
+    values = {**recipe.get("train", {}), **recipe.get("adversarial", {})}
     text = []
-    for section, prefix in (("train", ""), ("adversarial", "a")):  # APR values: amdr, amass
-        for key, value in recipe.get(section, {}).items():
-            scope, dot, name = key.rpartition(".")
-            where = f" for {prefix}{scope}" if dot else ""
-            text.append(f"--{name.replace('_', '-')} {value}{where}")
+    for key, value in values.items():
+        scope, dot, name = key.rpartition(".")
+        text.append(f"--{name.replace('_', '-')} {value}" + (f" for {scope}" if dot else ""))
     text += [f"--set {k}={v}" for k, v in recipe.get("model", {}).items()]
     return " ".join(text)
 

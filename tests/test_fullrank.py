@@ -282,18 +282,14 @@ def test_default_recipe_is_fullrank_for_masr_models_and_sized_for_the_device(
     assert RunOptions().merged(cpu, set()).train_for("mdr").neg == 1024
     again = RunOptions(train=TrainConfig(neg=64)).merged(cpu, {"neg"})
     assert again.train_for("mdr").neg == again.train_for("mass").neg == 64
-    # AMDR's APR noise is the recipe's mdr.eps on every device, AMASS keeps the paper's;
-    # --eps given wins for both, and --resume keeps the saved value unless --eps is given
-    eps = RECIPES["fullrank"]["adversarial"]["mdr.eps"]
-    for options in (gpu, cpu, RunOptions.from_dict(cpu.to_dict()), RunOptions().merged(cpu, set())):
-        assert [options.adversarial_for(m).eps for m in ("mdr", "mass")] == [eps, 1.0]
+    # APR's noise: the recipe's ε on every device, --eps given wins, the paper's is 1
+    eps = RECIPES["fullrank"]["adversarial"]["eps"]
+    assert gpu.adversarial.eps == cpu.adversarial.eps == eps != AdversarialConfig().eps
     given_eps = RunOptions(adversarial=AdversarialConfig(eps=0.5)).with_recipe(
         "fullrank", {"eps"}, "cpu"
     )
-    assert [given_eps.adversarial_for(m).eps for m in ("mdr", "mass")] == [0.5, 0.5]
-    again_eps = RunOptions(adversarial=AdversarialConfig(eps=0.5)).merged(cpu, {"eps"})
-    assert again_eps.adversarial_for("mdr").eps == 0.5
-    assert RunOptions().with_recipe("paper", set()).adversarial_for("mdr").eps == 1.0
+    assert given_eps.adversarial.eps == 0.5
+    assert RunOptions().with_recipe("paper", set()).adversarial.eps == 1.0
     from conftest import write_planted
 
     data = write_planted(tmp_path / "data")
@@ -302,8 +298,7 @@ def test_default_recipe_is_fullrank_for_masr_models_and_sized_for_the_device(
                 "--epochs", "1", "--adv-epochs", "1", "--device", "cpu"])
     mdr = json.loads((tmp_path / "r" / "mdr" / "run.json").read_text())
     amdr = json.loads((tmp_path / "r" / "amdr" / "run.json").read_text())
-    assert amdr["adversarial"]["eps"] == RECIPES["fullrank"]["adversarial"]["mdr.eps"]
-    assert amdr["signature"]["adversarial"]["eps"] == amdr["adversarial"]["eps"]
+    assert amdr["adversarial"]["eps"] == eps and amdr["signature"]["adversarial"]["eps"] == eps
     fism = json.loads((tmp_path / "r" / "fism" / "run.json").read_text())
     assert mdr["options"]["recipe"] == "fullrank" and mdr["train_config"]["neg"] == 1024
     assert mdr["train_config"]["loss"] == "softmax" and mdr["model_config"]["dropout"] == 0.0

@@ -264,11 +264,11 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
         # sampled figure higher on every dataset measured, the full one within 1.6 standard
         # errors (docs/training.md, "The embedding initialisation scale")
         "model": {"dropout": 0.0, "mdr.init_std": 0.002},
-        # AMDR's APR noise ε = 2 (flexible, eq. 24): on AOTM validation AMDR 0.651 / 0.0575 →
-        # 0.703 / 0.0655 sampled / full hit@10 (seed 0; seed 1 0.659 / 0.0515 → 0.703 /
-        # 0.0650), 1.5 / 3 / 4 lower; AMASS keeps the paper's 1 (lower at 2 on AOTM)
+        # APR's noise ε = 2 (flexible, eq. 24) for AMDR and AMASS: AMASR on AOTM validation
+        # 0.7035 / 0.0615 → 0.7208 / 0.0660 sampled / full hit@10, AMDR 0.651 / 0.0575 →
+        # 0.703 / 0.0655 (1.5, 3 and 4 lower); higher on the embedded data too
         # (docs/training.md, "APR's noise size under fullrank")
-        "adversarial": {"mdr.eps": 2.0},
+        "adversarial": {"eps": 2.0},
     },
 }
 #: Recipe values that replace the above on a CPU: 1,024 shared negatives make a MASS step 10-15x
@@ -293,38 +293,6 @@ def _paths(explicit: set[str]) -> set[tuple[str, str]]:
     return {OPTION_PATHS[p] for p in explicit if p in OPTION_PATHS}
 
 
-def _recipe_section(
-    recipe: dict[str, dict[str, Any]],
-    section: str,
-    given: set[tuple[str, str]],
-    scoped: dict[str, dict[str, Any]],
-) -> dict[str, Any]:
-    """A recipe section's values for every run, minus the options in ``given``; its
-    ``MODEL.NAME`` values (``mdr.neg``: that model's runs only) go into ``scoped`` instead,
-    and yield to a given --NAME alike."""
-    plain: dict[str, Any] = {}
-    for key, value in recipe.get(section, {}).items():
-        scope, dot, name = key.rpartition(".")
-        if (section, name) in given:
-            continue
-        if dot:
-            scoped.setdefault(scope, {})[name] = value
-        else:
-            plain[name] = value
-    return plain
-
-
-def _kept_scoped(
-    saved: dict[str, dict[str, Any]], section: str, given: set[tuple[str, str]]
-) -> dict[str, dict[str, Any]]:
-    """Saved per-model values (``--resume``) minus those whose option is given again."""
-    return {
-        m: kept
-        for m, values in saved.items()
-        if (kept := {k: v for k, v in values.items() if (section, k) not in given})
-    }
-
-
 @dataclass
 class RunOptions:
     """Everything ``masr train`` decides; each run takes the parts that apply to it."""
@@ -336,10 +304,6 @@ class RunOptions:
     #: training values for one model's runs over ``train`` (model name -> TrainConfig fields),
     #: set by recipes' ``MODEL.NAME`` train keys (the CPU recipe's ``mdr.neg``); ``train_for``
     model_train: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: APR values for one model's adversarial runs over ``adversarial`` (``mdr`` for AMDR,
-    #: ``mass`` for AMASS), set by recipes' ``MODEL.NAME`` adversarial keys (the fullrank
-    #: recipe's ``mdr.eps``); ``adversarial_for``
-    model_adversarial: dict[str, dict[str, Any]] = field(default_factory=dict)
     alpha: float = ALPHA  # eq. 20's weight of MDR in the fusion
     device: str = "auto"
     recipe: str = "paper"  # the recipe the values came from (RECIPES), for the record
@@ -363,10 +327,21 @@ class RunOptions:
             cpu = CPU_RECIPES.get(name, {})
             recipe = {sec: {**recipe.get(sec, {}), **cpu.get(sec, {})} for sec in {*recipe, *cpu}}
         given = _paths(explicit)
+        train: dict[str, Any] = {}
         model_train = {m: dict(v) for m, v in self.model_train.items()}
-        train = _recipe_section(recipe, "train", given, model_train)
-        model_adversarial = {m: dict(v) for m, v in self.model_adversarial.items()}
-        adversarial = _recipe_section(recipe, "adversarial", given, model_adversarial)
+        for key, value in recipe.get("train", {}).items():
+            # a MODEL.NAME value (``mdr.neg``) is for that model's runs; both yield to --NAME
+            scope, dot, field_name = key.rpartition(".")
+            if ("train", field_name) in given:
+                continue
+            if dot:
+                model_train.setdefault(scope, {})[field_name] = value
+            else:
+                train[field_name] = value
+        adversarial = {
+            k: v for k, v in recipe.get("adversarial", {}).items()
+            if ("adversarial", k) not in given
+        }
         model = dict(self.model)
         for k, v in recipe.get("model", {}).items():
             # a MODEL.NAME value yields to --set NAME and --set MODEL.NAME alike
@@ -379,7 +354,6 @@ class RunOptions:
             adversarial=replace(self.adversarial, **adversarial),
             model=model,
             model_train=model_train,
-            model_adversarial=model_adversarial,
             recipe=name,
         )
 
@@ -387,12 +361,6 @@ class RunOptions:
         """The training values of ``model``'s runs: ``train`` with its ``model_train`` over it."""
         values = self.model_train.get(model)
         return replace(self.train, **values) if values else self.train
-
-    def adversarial_for(self, model: str) -> AdversarialConfig:
-        """The APR values of ``model``'s adversarial runs (AMDR: ``mdr``, AMASS: ``mass``):
-        ``adversarial`` with its ``model_adversarial`` over it."""
-        values = self.model_adversarial.get(model)
-        return replace(self.adversarial, **values) if values else self.adversarial
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -404,9 +372,6 @@ class RunOptions:
             adversarial=AdversarialConfig.from_dict(values.get("adversarial", {})),
             model=dict(values.get("model", {})),
             model_train={m: dict(v) for m, v in values.get("model_train", {}).items()},
-            model_adversarial={
-                m: dict(v) for m, v in values.get("model_adversarial", {}).items()
-            },
             alpha=float(values.get("alpha", ALPHA)),
             device=str(values.get("device", "auto")),
             recipe=str(values.get("recipe", "paper")),
@@ -430,13 +395,17 @@ class RunOptions:
             else:
                 sections[""][name] = getattr(saved, name)
         given = _paths(explicit)
+        model_train = {
+            m: kept
+            for m, values in saved.model_train.items()
+            if (kept := {k: v for k, v in values.items() if ("train", k) not in given})
+        }
         return replace(
             self,
             train=replace(self.train, **sections["train"]),
             adversarial=replace(self.adversarial, **sections["adversarial"]),
             model=model,
-            model_train=_kept_scoped(saved.model_train, "train", given),
-            model_adversarial=_kept_scoped(saved.model_adversarial, "adversarial", given),
+            model_train=model_train,
             **sections[""],
         )
 

@@ -162,9 +162,9 @@ def _build(
     train_cfg = options.train_for(spec.model)
     adversarial = None
     if spec.procedure == "apr":
-        adversarial = options.adversarial_for(spec.model)
-        apr_lr = adversarial.lr or train_cfg.lr  # --adv-lr, else --lr
-        train_cfg = replace(train_cfg, epochs=adversarial.epochs, lr=apr_lr)
+        adversarial = options.adversarial
+        apr_lr = options.adversarial.lr or train_cfg.lr  # --adv-lr, else --lr
+        train_cfg = replace(train_cfg, epochs=options.adversarial.epochs, lr=apr_lr)
 
     resume_state = None
     can_resume = (

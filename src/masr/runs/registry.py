@@ -140,7 +140,7 @@ def signature(name: str, options: RunOptions, fingerprint: str) -> dict[str, Any
     if not model_class(spec.model).uses_members:
         sig["train"].pop("member_dropout", None)  # changes nothing for these models
     if spec.procedure == "apr":
-        sig["adversarial"] = options.adversarial_for(spec.model).to_dict()
+        sig["adversarial"] = options.adversarial.to_dict()
         sig["start"] = signature(spec.start_from or "", options, fingerprint)
     if spec.procedure == "pretrained":
         sig["parts"] = [signature(p, options, fingerprint) for p in spec.parts]
