@@ -293,6 +293,57 @@ def test_mass_padding_gets_no_gradient_and_empty_rows_are_finite() -> None:
     assert torch.all(model.att_song_emb.weight.grad[unused] == 0)
 
 
+def test_gemm_slots_rule() -> None:
+    """On a CPU the member slots are laid out 16 wide up to 16, then in multiples of 8;
+    elsewhere as given."""
+    from masr.models.mass import gemm_slots
+
+    cpu = torch.device("cpu")
+    assert [gemm_slots(n, cpu) for n in (0, 1, 5, 15, 16, 17, 24, 25, 50)] == [
+        16, 16, 16, 16, 16, 24, 24, 32, 56,
+    ]
+    assert gemm_slots(5, torch.device("meta")) == 5
+
+
+@pytest.mark.parametrize("attention", ["mem-metric", "mem-dot", "none"])
+def test_mass_gemm_slot_padding_changes_no_score_nor_gradient(
+    attention: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GEMM-form paths (shared negatives, full ranking) with the slots padded for speed
+    and without: the same scores and parameter gradients in float64, and no embedding row
+    gets a gradient entry that the unpadded layout does not give it."""
+    import masr.models.mass as mass_module
+
+    torch.manual_seed(0)
+    model = MASS(MASSConfig(dim=DIM, dropout=0.0, attention=attention), N_USERS, N_PLAYLISTS,
+                 N_SONGS).double().train()
+    for emb in (m for m in model.modules() if isinstance(m, torch.nn.Embedding)):
+        emb.sparse = True
+    batch = make_batch(rows=7, slots=5)
+    own, shared = torch.arange(7) % N_SONGS, torch.tensor([3, 9, 11])
+
+    def run() -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        out = model.distance_own_shared(batch, own, shared)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out).double()).sum().backward()
+        with torch.no_grad():
+            full = model.full_distance(batch)
+        return out, full, [p.grad.coalesce() if p.grad.is_sparse else p.grad
+                           for p in model.parameters()]
+
+    assert mass_module.gemm_slots(5, torch.device("cpu")) == 16
+    padded = run()
+    monkeypatch.setattr(mass_module, "gemm_slots", lambda n, device: n)
+    plain = run()
+    assert torch.allclose(padded[0], plain[0], atol=1e-10)
+    assert torch.allclose(padded[1], plain[1], atol=1e-10)
+    for a, b in zip(padded[2], plain[2], strict=True):
+        if a.is_sparse:
+            assert torch.equal(a.indices(), b.indices())
+            a, b = a.values(), b.values()
+        assert torch.allclose(a, b, atol=1e-10)
+
+
 def test_masked_softmin_all_padding_row_is_zero_not_nan() -> None:
     dist = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.1, 9.0]])
     mask = torch.tensor([[False, False, False], [True, False, True]])

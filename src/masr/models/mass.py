@@ -155,6 +155,30 @@ def weighted_pairwise_sq(q: Tensor, members: Tensor, weights: Tensor) -> Tensor:
     return (q_norm + torch.bmm(lhs, rhs.transpose(1, 2))).clamp_min(0.0)
 
 
+def gemm_slots(n_slots: int, device: torch.device) -> int:
+    """How many member slots per row ``_member_side`` lays out for ``n_slots`` (L) real ones:
+    on a CPU 16 up to 16, then the next multiple of 8; L itself elsewhere and while tracing
+    for ONNX (a dynamic L stays dynamic). MKL's batched GEMMs of eqs. 14-18 take about twice
+    as long for an odd or small L as for these widths (one core, batch 1024, 129 candidates,
+    d = 64: L = 5 21 ms, 15 16 ms, 16 7-8 ms; docs/training.md, Speed); the extra slots are
+    closed padding and change no score."""
+    tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+    if tracing or torch.device(device).type != "cpu":
+        return n_slots
+    return 16 if n_slots <= 16 else -(-n_slots // 8) * 8
+
+
+def pad_slots(m: Tensor, n_rows: int, width: int) -> Tensor:
+    """Member vectors ``m`` (G, R·L, d) with each row's L slots zero-padded to ``width``:
+    (G, R·width, d)."""
+    n_groups, n, dim = m.shape
+    n_slots = n // max(n_rows, 1)
+    if width == n_slots:
+        return m
+    rows = m.view(n_groups, n_rows, n_slots, dim)
+    return F.pad(rows, (0, 0, 0, width - n_slots)).view(n_groups, n_rows * width, dim)
+
+
 def _pool_parts(*inputs: Tensor, n_rows: int) -> tuple[Tensor, Tensor, Tensor]:
     """``attentive_pool``'s forward on its six tensors (in its order): α and the terms
     (G, Vc, R, L), and their pooled sum."""
@@ -537,11 +561,14 @@ class MASS(Recommender):
         # B3² (d,), or one weight vector per group (G, 1, d)
         w_out3 = self.metric.square() if w_out is None else w_out.unsqueeze(1)
         flat = members.reshape(n_groups, n_rows * n_slots)  # (G, RL)
-        real = member_mask.reshape(n_groups, 1, n_rows * n_slots)  # (G, 1, RL)
         has_member = member_mask.any(-1)  # (G, R)
+        # slots the batched GEMMs run fastest with; the extra ones are closed padding
+        width = gemm_slots(n_slots, members.device)
+        mask = member_mask if width == n_slots else F.pad(member_mask, (0, width - n_slots))
+        real = mask.reshape(n_groups, 1, n_rows * width)  # (G, 1, RL')
         # a row without members keeps finite logits (its α is then multiplied by zero terms)
-        open_slot = real | ~has_member.repeat_interleave(n_slots, dim=1).unsqueeze(1)  # (G, 1, RL)
-        m = self.song_emb(flat)  # (G, RL, d)
+        open_slot = real | ~has_member.repeat_interleave(width, dim=1).unsqueeze(1)  # (G, 1, RL')
+        m = pad_slots(self.song_emb(flat), n_rows, width)  # (G, RL', d)
         zero = torch.zeros((), dtype=m.dtype, device=m.device)
         inf = torch.full((), float("inf"), dtype=m.dtype, device=m.device)
         side = {
@@ -555,7 +582,7 @@ class MASS(Recommender):
         }
         if self.att_query is None:
             return side
-        m_att = self._att_songs()(flat)  # (G, RL, d)
+        m_att = pad_slots(self._att_songs()(flat), n_rows, width)  # (G, RL', d)
         if self.att_metric is None:  # "dot": logits q^(a)·s_t^(a)
             side["att_w2"] = m_att.transpose(1, 2)  # (G, d, RL)
             return side
