@@ -168,13 +168,12 @@ def gemm_slots(n_slots: int, device: torch.device) -> int:
     return 16 if n_slots <= 16 else -(-n_slots // 8) * 8
 
 
-def pad_slots(m: Tensor, n_rows: int, width: int) -> Tensor:
-    """Member vectors ``m`` (G, R·L, d) with each row's L slots zero-padded to ``width``:
-    (G, R·width, d)."""
-    n_groups, n, dim = m.shape
-    n_slots = n // max(n_rows, 1)
+def pad_slots(m: Tensor, n_rows: int, n_slots: int, width: int) -> Tensor:
+    """Member vectors ``m`` (G, R·L, d) of R rows with L = ``n_slots`` slots each, each row's
+    slots zero-padded to ``width``: (G, R·width, d)."""
     if width == n_slots:
         return m
+    n_groups, _, dim = m.shape
     rows = m.view(n_groups, n_rows, n_slots, dim)
     return F.pad(rows, (0, 0, 0, width - n_slots)).view(n_groups, n_rows * width, dim)
 
@@ -568,7 +567,7 @@ class MASS(Recommender):
         real = mask.reshape(n_groups, 1, n_rows * width)  # (G, 1, RL')
         # a row without members keeps finite logits (its α is then multiplied by zero terms)
         open_slot = real | ~has_member.repeat_interleave(width, dim=1).unsqueeze(1)  # (G, 1, RL')
-        m = pad_slots(self.song_emb(flat), n_rows, width)  # (G, RL', d)
+        m = pad_slots(self.song_emb(flat), n_rows, n_slots, width)  # (G, RL', d)
         zero = torch.zeros((), dtype=m.dtype, device=m.device)
         inf = torch.full((), float("inf"), dtype=m.dtype, device=m.device)
         side = {
@@ -582,7 +581,7 @@ class MASS(Recommender):
         }
         if self.att_query is None:
             return side
-        m_att = pad_slots(self._att_songs()(flat), n_rows, width)  # (G, RL', d)
+        m_att = pad_slots(self._att_songs()(flat), n_rows, n_slots, width)  # (G, RL', d)
         if self.att_metric is None:  # "dot": logits q^(a)·s_t^(a)
             side["att_w2"] = m_att.transpose(1, 2)  # (G, d, RL)
             return side
