@@ -4,7 +4,7 @@
     taskset -c 0 python benchmarks/bench_step.py runs/amass/best.pt --data data --apr --profile
 
 The step is ``masr.train.train_model``'s, driven by its own pieces on the checkpoint's model and
-train config: ``training_batch`` over length-sorted batches (``_sortish``), ``_step_loss``, the
+train config: ``_batch_for`` over ``_epoch_order``'s length-sorted batches, ``_step_loss``, the
 backward pass, APR's second pass with ``--apr`` (ε and noise from the checkpoint's adversarial
 config, else 2 / flexible), and ``LazyAdam``; compiled MASS scores unless ``--eager``; the
 CLI's allocator settings (``keep_freed_heap``, ``tensor_huge_pages``). Five warm-up steps
@@ -41,9 +41,9 @@ def main(argv: list[str]) -> int:
     from masr.compiled import compile_scores
     from masr.config import TrainConfig
     from masr.dataset import load_prepared
-    from masr.sampling import NegativeSampler, TrainingIndex, training_batch
+    from masr.sampling import NegativeSampler, TrainingIndex
     from masr.system import keep_freed_heap, tensor_huge_pages
-    from masr.train import LazyAdam, _set_sparse, _sortish, _step_loss
+    from masr.train import LazyAdam, _batch_for, _epoch_order, _set_sparse, _step_loss
 
     keep_freed_heap()
     tensor_huge_pages()
@@ -60,25 +60,17 @@ def main(argv: list[str]) -> int:
     index = TrainingIndex.from_data(data, "cpu")
     sampler = NegativeSampler(index, config.neg_sampler)
     optimizer = LazyAdam(model.parameters(), lr=config.lr)
-    scales = noise_scales(
-        model, float(adversarial.get("eps", 2.0)), adversarial.get("noise", "flexible")
-    )
-    order = torch.randperm(index.n_rows, generator=generator)
-    if model.uses_members and config.sort_window > 1:
-        order = _sortish(order, index.lengths(index.playlist), config, generator)
+    if args.apr:  # s(Θ) of eqs. 23-24, once, as train_model does per epoch
+        scales = noise_scales(
+            model, float(adversarial.get("eps", 2.0)), adversarial.get("noise", "flexible")
+        )
+    order = _epoch_order(model, index.lengths(index.playlist), config, generator)
     n_batches = max(index.n_rows // config.batch_size, 1)
 
     def step(i: int) -> None:
         start = (i % n_batches) * config.batch_size
         rows = order[start : start + config.batch_size]
-        batch = training_batch(
-            index,
-            rows,
-            uses_members=model.uses_members,
-            max_members=config.max_members,
-            generator=generator,
-            member_dropout=config.member_dropout,
-        )
+        batch = _batch_for(model, index, rows, config, generator)
         loss_of = _step_loss(model, batch, index.song[rows], index, sampler, config, generator)
         optimizer.zero_grad()
         loss_of().backward()

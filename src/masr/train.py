@@ -321,6 +321,36 @@ def _sortish(
     return torch.cat([batches.flatten(), sorted_rows[full * b :]])
 
 
+def _epoch_order(
+    model: Recommender, row_lengths: Tensor, config: TrainConfig, generator: torch.Generator
+) -> Tensor:
+    """One epoch's order of the N training rows (N,): shuffled, and for member-reading models
+    length-sorted within windows (``_sortish``)."""
+    n_rows = row_lengths.shape[0]
+    order = torch.randperm(n_rows, generator=generator, device=row_lengths.device)  # (N,)
+    if model.uses_members and config.sort_window > 1:
+        order = _sortish(order, row_lengths, config, generator)
+    return order
+
+
+def _batch_for(
+    model: Recommender,
+    index: TrainingIndex,
+    rows: Tensor,
+    config: TrainConfig,
+    generator: torch.Generator,
+) -> Batch:
+    """The training batch of ``rows`` (B,) as ``model`` reads it (members when it uses them)."""
+    return training_batch(
+        index,
+        rows,
+        uses_members=model.uses_members,
+        max_members=config.max_members,
+        generator=generator,
+        member_dropout=config.member_dropout,
+    )
+
+
 #: a run with --time-limit keeps at most this share of its budget for one epoch's validation;
 #: when it would take more, the full-ranking validation ranks fewer cases (``fit_validation``)
 VALID_SHARE = 0.25
@@ -531,9 +561,7 @@ def train_model(
             if adversarial is not None:
                 # s(Theta) of eq. 23-24, from the parameters as this epoch starts
                 scales = noise_scales(model, adversarial.eps, adversarial.noise)
-            order = torch.randperm(n_rows, generator=generator, device=device)  # (N,)
-            if model.uses_members and config.sort_window > 1:
-                order = _sortish(order, row_lengths, config, generator)
+            order = _epoch_order(model, row_lengths, config, generator)  # (N,)
             total = torch.zeros((), device=device)
             done = steps  # steps of this epoch actually run (fewer when the time limit cuts it)
             # keep room for this epoch's validation: as long as the last one took
@@ -544,14 +572,7 @@ def train_model(
                     progress.step(step, float(total) / step)
                     break
                 rows = order[step * config.batch_size : (step + 1) * config.batch_size]  # (B,)
-                batch = training_batch(
-                    index,
-                    rows,
-                    uses_members=model.uses_members,
-                    max_members=config.max_members,
-                    generator=generator,
-                    member_dropout=config.member_dropout,
-                )
+                batch = _batch_for(model, index, rows, config, generator)
                 positives = index.song[rows]  # (B,)
                 part = shard(rows.numel()) if ranks.distributed else None
                 n_local = rows.numel() if part is None else len(range(rows.numel())[part])
