@@ -183,6 +183,15 @@ def command(
             "against memorising whole playlists; 0 = off (the paper's)."
         ),
     ] = _T.member_dropout,
+    ema: Annotated[
+        float,
+        typer.Option(
+            help="Average the weights over training (an exponential moving average with this "
+            "decay per step, e.g. 0.999 ≈ the last 1,000 steps): validation picks among the "
+            "averaged weights and best.pt holds them, so evaluate, export and score use "
+            "them; 0 = off (the paper's).",
+        ),
+    ] = _T.ema,
     patience: Annotated[
         int,
         typer.Option(
@@ -311,6 +320,7 @@ def command(
             valid_sample=valid_sample,
             max_members=max_members,
             member_dropout=member_dropout,
+            ema=ema,
             patience=patience,
             time_limit=time_limit,
             sparse=sparse,

@@ -117,6 +117,10 @@ class TrainConfig:
     #: member-reading models (MASS, FISM ...): each training row's member songs are left out
     #: independently with this probability (at least one kept); 0 = off, the paper's
     member_dropout: float = 0.0
+    #: decay per step of an exponential moving average of the weights (Polyak averaging;
+    #: ``masr.averaging``): validation, best.pt and so evaluation, export and scoring use the
+    #: average; 0 = off (the live weights, the paper's)
+    ema: float = 0.0
     patience: int = 5  # stop after this many epochs without a better validation; 0 = never
     #: seconds of training and validation per run: the step that passes it ends the epoch
     #: (validated, kept) and the run (torchrun: the epoch that passes it); a fixed budget per
@@ -157,6 +161,7 @@ class TrainConfig:
                     0 <= self.member_dropout < 1 and _finite(self.member_dropout),
                     "must be in [0, 1)",
                 ),
+                ("--ema", 0 <= self.ema < 1 and _finite(self.ema), "must be in [0, 1) (0 = off)"),
                 ("--patience", self.patience >= 0, "must be >= 0 (0 turns early stopping off)"),
                 ("--time-limit", self.time_limit >= 0, "must be >= 0 seconds (0 = no limit)"),
                 ("sort_window", self.sort_window >= 0, "must be >= 0"),
@@ -164,11 +169,12 @@ class TrainConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields; ``member_dropout`` only when on, so a run trained before it existed
-        keeps its signature (and is reused)."""
+        """The fields; ``member_dropout`` and ``ema`` only when on, so a run trained before they
+        existed keeps its signature (and is reused)."""
         values = asdict(self)
-        if not values["member_dropout"]:
-            del values["member_dropout"]
+        for name in ("member_dropout", "ema"):
+            if not values[name]:
+                del values[name]
         return values
 
     @classmethod
@@ -222,8 +228,8 @@ OPTION_PATHS: dict[str, tuple[str, str]] = {
         p: ("train", p)
         for p in (
             "epochs", "batch_size", "lr", "reg", "loss", "neg", "neg_mode", "neg_sampler",
-            "temperature", "select", "valid_sample", "max_members", "member_dropout", "patience",
-            "time_limit", "seed", "sparse",
+            "temperature", "select", "valid_sample", "max_members", "member_dropout", "ema",
+            "patience", "time_limit", "seed", "sparse",
         )
     },
     "adv_epochs": ("adversarial", "epochs"),

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from masr.adversarial import fast_gradient_deltas, noise_scales, perturbed
+from masr.averaging import WeightAverage
 from masr.checkpoint import save_checkpoint
 from masr.compiled import MIN_COMPILE_BUDGET, compile_pays, compile_scores
 from masr.config import AdversarialConfig, TrainConfig
@@ -490,6 +492,8 @@ def train_model(
     # (Adam's coupled weight decay, as the reference's weight_decay with its summed loss).
     wd = 2 * config.reg / config.batch_size
     optimizer = LazyAdam(model.parameters(), lr=config.lr, weight_decay=wd)
+    # --ema: validation, best.pt and so everything downstream see the average of the weights
+    average = WeightAverage(optimizer.params, config.ema) if config.ema else None
 
     history: list[dict[str, Any]] = []
     best_epoch, best_valid, bad_epochs, first_epoch = 0, {}, 0, 1
@@ -500,6 +504,10 @@ def train_model(
     if resume is not None:
         model.load_state_dict(resume["state_dict"])
         optimizer.load_state_dict(resume["optimizer"])
+        if average is not None:
+            if "weight_average" not in resume:
+                raise MasrError("last.pt holds no weight average (--ema); cannot resume")
+            average.load_state_dict(resume["weight_average"])
         _load_rng_state(resume["rng"], generator)
         history = list(resume["history"])
         best_epoch, best_valid = int(resume["best_epoch"]), dict(resume["best_valid"])
@@ -597,6 +605,8 @@ def train_model(
                     loss = loss * (n_local * ranks.size / rows.numel())  # summed: the batch mean
                 optimizer.step()
                 model.after_step()
+                if average is not None:
+                    average.step()
                 total += loss.detach()
                 if (step + 1) % 25 == 0 or step + 1 == steps:
                     progress.step(step + 1, float(total) / (step + 1))
@@ -607,54 +617,58 @@ def train_model(
                     f"training diverged at epoch {epoch} (loss {mean_loss}); try a smaller --lr"
                 )
             t1 = time.perf_counter()
-            both = None
-            if ranks.is_main:  # every rank holds the same weights: rank 0 validates for all
-                both = evaluate_model(
-                    model,
-                    data,
-                    "valid",
-                    device=device,
-                    protocols=("sampled", "full"),
-                    index=index,
-                    full_sample=config.valid_sample,
-                    sample_seed=config.seed,
-                )
-            both = from_main(both)
-            valid = both["sampled"]
-            record = {
-                "epoch": epoch,
-                "loss": mean_loss,
-                "valid": {"hit@10": valid["hit@10"], "ndcg@10": valid["ndcg@10"]},
-                "valid_full": {k: both["full"][k] for k in ("hit@10", "ndcg@10")},
-                "train_seconds": round(train_seconds, 3),
-                "valid_seconds": round(time.perf_counter() - t1, 3),
-            }
-            if done < steps:
-                record["steps"] = f"{done}/{steps}"  # the epoch the time limit cut
-            elapsed += time.perf_counter() - t0
-            selected = both[config.select]  # what picks the best epoch and what patience watches
-            improved = best_epoch == 0 or better(selected, best_selected)
-            if improved:
-                best_epoch, best_valid, bad_epochs = epoch, valid, 0
-                best_selected, best_full = selected, both["full"]
-                if run_dir is None:  # otherwise best.pt holds them
-                    best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            else:
-                bad_epochs += 1
-            record["best"] = improved
-            history.append(record)
-            meta = {
-                **extras,
-                "train_config": config.to_dict(),
-                "adversarial": adversarial.to_dict() if adversarial else None,
-                "history": history,
-                "best_epoch": best_epoch,
-                "best_valid": best_valid,
-                "best_valid_full": best_full,
-                "seconds": elapsed,
-            }
-            if run_dir is not None:
+            # --ema: the averaged weights are what is validated and kept (best.pt), the live
+            # ones what trains on and what last.pt resumes
+            with average.applied() if average is not None else nullcontext():
+                both = None
+                if ranks.is_main:  # every rank holds the same weights: rank 0 validates for all
+                    both = evaluate_model(
+                        model,
+                        data,
+                        "valid",
+                        device=device,
+                        protocols=("sampled", "full"),
+                        index=index,
+                        full_sample=config.valid_sample,
+                        sample_seed=config.seed,
+                    )
+                both = from_main(both)
+                valid = both["sampled"]
+                record = {
+                    "epoch": epoch,
+                    "loss": mean_loss,
+                    "valid": {"hit@10": valid["hit@10"], "ndcg@10": valid["ndcg@10"]},
+                    "valid_full": {k: both["full"][k] for k in ("hit@10", "ndcg@10")},
+                    "train_seconds": round(train_seconds, 3),
+                    "valid_seconds": round(time.perf_counter() - t1, 3),
+                }
+                if done < steps:
+                    record["steps"] = f"{done}/{steps}"  # the epoch the time limit cut
+                elapsed += time.perf_counter() - t0
+                selected = both[config.select]  # picks the best epoch; what patience watches
+                improved = best_epoch == 0 or better(selected, best_selected)
                 if improved:
+                    best_epoch, best_valid, bad_epochs = epoch, valid, 0
+                    best_selected, best_full = selected, both["full"]
+                    if run_dir is None:  # otherwise best.pt holds them
+                        best_state = {
+                            k: v.detach().clone() for k, v in model.state_dict().items()
+                        }
+                else:
+                    bad_epochs += 1
+                record["best"] = improved
+                history.append(record)
+                meta = {
+                    **extras,
+                    "train_config": config.to_dict(),
+                    "adversarial": adversarial.to_dict() if adversarial else None,
+                    "history": history,
+                    "best_epoch": best_epoch,
+                    "best_valid": best_valid,
+                    "best_valid_full": best_full,
+                    "seconds": elapsed,
+                }
+                if run_dir is not None and improved:
                     save_checkpoint(
                         run_dir / "best.pt",
                         model,
@@ -663,6 +677,8 @@ def train_model(
                         valid=valid,
                         **meta,
                     )
+            if run_dir is not None:
+                resume_state = {} if average is None else {"weight_average": average.state_dict()}
                 save_checkpoint(
                     run_dir / "last.pt",
                     model,
@@ -672,6 +688,7 @@ def train_model(
                     optimizer=optimizer.state_dict(),
                     rng=_rng_state(generator),
                     bad_epochs=bad_epochs,
+                    **resume_state,
                     **meta,
                 )
             progress.epoch(record)
