@@ -26,6 +26,7 @@ from masr.sampling import (
     TrainingIndex,
     context_batch,
     is_training_pair,
+    member_pairs,
     members_among,
 )
 from masr.train import softmax_loss, train_model
@@ -69,8 +70,8 @@ def test_every_song_once_without_correction_is_the_full_softmax(
     batch = context_batch(index, playlists, uses_members=model.uses_members)
     positives = index.song[rows]
     everything = torch.arange(planted.n_songs)
-    is_member = members_among(index, playlists, everything)
-    got = softmax_loss(model, batch, positives, everything, None, is_member, 0.5)
+    closed = member_pairs(index, playlists, everything)
+    got = softmax_loss(model, batch, positives, everything, None, closed, 0.5)
     with torch.no_grad():
         d = model.distance(batch, everything.expand(rows.shape[0], -1))  # (B, V)
     want = []
@@ -99,13 +100,17 @@ def test_fused_cross_entropy_equals_masked_cross_entropy_with_gradients() -> Non
     logits = torch.add(shift, o, alpha=-1.0 / tau).masked_fill(F.pad(closed, (1, 0)), -math.inf)
     want = F.cross_entropy(logits, torch.zeros(b, dtype=torch.long))
     (want_grad,) = torch.autograd.grad(2.5 * want, o)
-    got = _SharedSoftmaxCE.apply(o, shift, closed, 1.0 / tau)
+    rows, cols = closed.nonzero(as_tuple=True)
+    flat = rows * (1 + n) + cols + 1  # the closed negatives' places in o, as softmax_loss gives
+    got = _SharedSoftmaxCE.apply(o, shift, flat, 1.0 / tau)
     (got_grad,) = torch.autograd.grad(2.5 * got, o)
     assert float(got) == pytest.approx(float(want), rel=1e-12)
     assert torch.allclose(got_grad, want_grad, atol=1e-12)
-    # the transposed view members_among returns is read the same way
-    got_t = _SharedSoftmaxCE.apply(o, shift, closed.t().contiguous().t(), 1.0 / tau)
-    assert float(got_t) == pytest.approx(float(want), rel=1e-12)
+    # a negative closed twice (a song drawn twice that the playlist holds) is closed once
+    twice = torch.cat([flat, flat[:5]])
+    assert float(_SharedSoftmaxCE.apply(o, shift, twice, 1.0 / tau)) == pytest.approx(
+        float(want), rel=1e-12
+    )
 
 
 class _Index:
@@ -159,6 +164,10 @@ def test_members_among_and_per_row_draws(case: tuple[int, list[list[int]]], seed
     songs = torch.randint(0, n_songs, (20,), generator=gen)
     want = is_training_pair(index, rows.unsqueeze(1), songs.unsqueeze(0))
     assert torch.equal(members_among(index, rows, songs), want)
+    # the sparse form: every (row, column) pair once, songs drawn twice included
+    pair_rows, pair_cols = member_pairs(index, rows, songs)
+    got = sorted(zip(pair_rows.tolist(), pair_cols.tolist(), strict=True))
+    assert got == sorted(map(tuple, want.nonzero().tolist()))
     for mode in ("popularity", "mixed"):
         negs = NegativeSampler(index, mode).draw_per_row(rows, 5, gen)  # (12, 5)
         assert not is_training_pair(index, rows.unsqueeze(1), negs).any()

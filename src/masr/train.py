@@ -66,7 +66,7 @@ from masr.models.base import Batch, Recommender
 from masr.sampling import (
     NegativeSampler,
     TrainingIndex,
-    members_among,
+    member_pairs,
     sample_negatives,
     training_batch,
 )
@@ -218,7 +218,7 @@ def softmax_loss(
     positives: Tensor,
     negatives: Tensor,
     log_expected: Tensor | None,
-    is_member: Tensor,
+    closed: tuple[Tensor, Tensor],
     temperature: float,
 ) -> Tensor:
     """Mean sampled-softmax cross-entropy of positives (B,) against negatives (N,) shared by
@@ -227,18 +227,22 @@ def softmax_loss(
     Each negative's logit is corrected by ``log_expected`` (N,), log E[its count among the
     draws] (logQ, Yi et al. 2019), so that the summed exp(logits) of the negatives estimates
     the catalog's without bias; the positive's logit is left as it is. Negatives that are one
-    of the row's playlist's training songs (``is_member`` (B, N), its positive included) are
-    masked out: a song is never its own negative. With every catalog song once as a negative
+    of the row's playlist's training songs (``closed``: the (row (P,), negative (P,)) pairs of
+    ``masr.sampling.member_pairs``, its positive included) are masked out: a song is never its
+    own negative. With every catalog song once as a negative
     and no correction this is the full softmax over the songs outside the playlist."""
     o = model.distance_own_shared(batch, positives, negatives)  # (B, 1+N), column 0 the positive
     # logits -o / τ, each negative's lowered by log E[its count]; the positive's left as it is
     shift = -F.pad(log_expected, (1, 0)) if log_expected is not None else o.new_zeros(())
-    return _SharedSoftmaxCE.apply(o, shift.to(o.dtype), is_member, 1.0 / temperature)
+    rows, cols = closed
+    flat = rows * o.shape[1] + cols + 1  # (P,) the closed negatives' places in o (B, 1+N)
+    return _SharedSoftmaxCE.apply(o, shift.to(o.dtype), flat, 1.0 / temperature)
 
 
 class _SharedSoftmaxCE(torch.autograd.Function):
     """``softmax_loss``'s cross-entropy in one autograd node: from the distances o (B, 1+N)
-    (column 0 the positive), the logit shift (1+N,) and the closed negatives (B, N), the mean
+    (column 0 the positive), the logit shift (1+N,) and the closed negatives (their flat
+    indices into o (P,); never column 0), the mean
     of logsumexp(logits) - logits[:, 0] with logits = shift - o / τ (closed ones -inf); the
     gradient ∂/∂o = (e_0 - softmax(logits)) / (τ B) is written out in the logits' storage.
     The same value and gradient as masked_fill + F.cross_entropy, without their (B, 1+N)
@@ -251,7 +255,7 @@ class _SharedSoftmaxCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, o: Tensor, shift: Tensor, closed: Tensor, scale: float) -> Tensor:  # noqa: D102
         logits = torch.add(shift, o, alpha=-scale)  # (B, 1+N)
-        logits[:, 1:].masked_fill_(closed, float("-inf"))
+        logits.view(-1).index_fill_(0, closed, float("-inf"))
         top = logits.amax(dim=1, keepdim=True)  # (B, 1); finite: the positive is never closed
         first = logits[:, 0] - top[:, 0]  # (B,) the positive's logit, shifted
         e = logits.sub_(top).exp_()  # (B, 1+N) exp(logits - max), in the logits' storage
@@ -292,9 +296,9 @@ def _step_loss(
         log_expected = sampler.log_expected(negatives, config.neg)  # (N,)
         if part is not None:
             batch, positives = batch.select(part), positives[part]
-        is_member = members_among(index, batch.playlists, negatives)  # (B, N)
+        closed = member_pairs(index, batch.playlists, negatives)  # ((P,), (P,))
         return lambda: softmax_loss(
-            model, batch, positives, negatives, log_expected, is_member, config.temperature
+            model, batch, positives, negatives, log_expected, closed, config.temperature
         )
     if config.neg_sampler == "uniform":
         per_row = sample_negatives(index, batch.playlists, config.neg, generator)  # (B, K)
