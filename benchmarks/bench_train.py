@@ -112,7 +112,12 @@ def one_epoch(
 
     clock = Clock()
     config = TrainConfig(
-        **{**options.train.to_dict(), "epochs": 1, "batch_size": batch_size, "sparse": sparse}
+        **{
+            **options.train_for(model_name).to_dict(),  # the recipe's per-model values too
+            "epochs": 1,
+            "batch_size": batch_size,
+            "sparse": sparse,
+        }
     )
     try:
         result = train_model(
