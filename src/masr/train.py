@@ -30,6 +30,8 @@ Every epoch ends with validation under both protocols (sampled on every case, fu
 a seeded subset of ``valid_sample`` cases, the same every epoch); the protocol ``select`` names
 picks the best epoch (hit@10, then ndcg@10) and is what ``patience`` watches. ``best.pt`` is
 written when it improved, ``last.pt`` every epoch (optimiser and RNG state, for ``resume``).
+With ``ema`` (``masr.averaging``) the validated and kept weights are a moving average of the
+trained ones, whose state ``last.pt`` also holds.
 """
 
 from __future__ import annotations
