@@ -6,11 +6,12 @@
 The step is ``masr.train.train_model``'s, driven by its own pieces on the checkpoint's model and
 train config: ``_batch_for`` over ``_epoch_order``'s length-sorted batches, ``_step_loss``, the
 backward pass, APR's second pass with ``--apr`` (ε and noise from the checkpoint's adversarial
-config, else 2 / flexible), and ``LazyAdam``; compiled MASS scores unless ``--eager``; the
-CLI's allocator settings (``keep_freed_heap``, ``tensor_huge_pages``). Five warm-up steps
-(compiling included) are not timed. Both wall and process CPU time are printed: on a busy or
-virtual machine the CPU time is the steadier of the two. To compare two versions of the
-library, run each in turn several times (``PYTHONPATH=<version>/src``) and compare medians.
+config, else ``AdversarialConfig``'s defaults), and ``LazyAdam``; compiled MASS scores unless
+``--eager``; the CLI's allocator settings (``keep_freed_heap``, ``tensor_huge_pages``). Five
+warm-up steps (compiling included) are not timed. Both wall and process CPU time are printed:
+on a busy or virtual machine the CPU time is the steadier of the two. To compare two versions
+of the library, run each in turn several times (``PYTHONPATH=<version>/src``) and compare
+medians.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
     from masr.adversarial import fast_gradient_deltas, noise_scales, perturbed
     from masr.checkpoint import build_model, load_checkpoint
     from masr.compiled import compile_scores
-    from masr.config import TrainConfig
+    from masr.config import AdversarialConfig, TrainConfig
     from masr.dataset import load_prepared
     from masr.sampling import NegativeSampler, TrainingIndex
     from masr.system import keep_freed_heap, tensor_huge_pages
@@ -52,7 +53,7 @@ def main(argv: list[str]) -> int:
     data = load_prepared(args.data)
     model = build_model(ckpt).train()
     config = TrainConfig(**ckpt["train_config"])
-    adversarial = ckpt.get("adversarial") or {}
+    adversarial = AdversarialConfig.from_dict(ckpt.get("adversarial") or {})
     _set_sparse(model, config.sparse)
     compiled = compile_scores(model, not args.eager, "cpu")
     generator = torch.Generator()
@@ -61,9 +62,7 @@ def main(argv: list[str]) -> int:
     sampler = NegativeSampler(index, config.neg_sampler)
     optimizer = LazyAdam(model.parameters(), lr=config.lr)
     if args.apr:  # s(Θ) of eqs. 23-24, once, as train_model does per epoch
-        scales = noise_scales(
-            model, float(adversarial.get("eps", 2.0)), adversarial.get("noise", "flexible")
-        )
+        scales = noise_scales(model, adversarial.eps, adversarial.noise)
     order = _epoch_order(model, index.lengths(index.playlist), config, generator)
     n_batches = max(index.n_rows // config.batch_size, 1)
 

@@ -27,13 +27,20 @@ from masr.sampling import (
     context_batch,
     is_training_pair,
     member_pairs,
-    members_among,
 )
 from masr.train import softmax_loss, train_model
 from masr_cli.main import app
 
 runner = CliRunner()
 FAST = ["--batch-size", "32", "--lr", "0.02", "--dim", "8", "--threads", "1"]
+
+
+def members_among(index: TrainingIndex, playlists: torch.Tensor, songs: torch.Tensor):
+    """``member_pairs`` as a dense (B, N) mask."""
+    rows, cols = member_pairs(index, playlists, songs)
+    hit = torch.zeros((playlists.shape[0], songs.shape[0]), dtype=torch.bool)
+    hit[rows, cols] = True
+    return hit
 
 
 @pytest.fixture(autouse=True)

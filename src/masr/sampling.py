@@ -104,9 +104,10 @@ def is_training_pair(index: TrainingIndex, playlists: Tensor, songs: Tensor) -> 
 
 def member_pairs(index: TrainingIndex, playlists: Tensor, songs: Tensor) -> tuple[Tensor, Tensor]:
     """Where ``songs[j]`` (N,) is one of the training songs of ``playlists[i]`` (B,): the pairs
-    (i (P,), j (P,)), in no particular order. The sparse form of ``members_among``: a playlist
-    holds a few songs of thousands of shared negatives, so a step closes its logits by index
-    instead of reading a (B, N) mask (a masked fill over a 1,024 x 1,024 step took 2.4 ms).
+    (i (P,), j (P,)), in no particular order (the same pairs as ``is_training_pair`` finds on
+    the (B, N) grid). A playlist holds a few songs of thousands of shared negatives, so a step
+    closes its logits by index instead of reading a (B, N) mask (a masked fill over a
+    1,024 x 1,024 step took 2.4 ms).
 
     It walks the batch's member lists (B x playlist length entries) instead of searching
     B x N keys: with thousands of shared negatives that is the difference between
@@ -133,15 +134,6 @@ def member_pairs(index: TrainingIndex, playlists: Tensor, songs: Tensor) -> tupl
     begin = torch.repeat_interleave(first[hit_u] - (torch.cumsum(reps, 0) - reps), reps)  # (P,)
     cols = columns[begin + torch.arange(rows.numel(), device=dev)]  # (P,)
     return rows, cols
-
-
-def members_among(index: TrainingIndex, playlists: Tensor, songs: Tensor) -> Tensor:
-    """(B, N) bool: is ``songs[j]`` (N,) one of the training songs of ``playlists[i]`` (B,)?
-    (``member_pairs`` as a dense mask; the same as ``is_training_pair`` on the (B, N) grid.)"""
-    rows, cols = member_pairs(index, playlists, songs)
-    hit = torch.zeros((playlists.shape[0], songs.shape[0]), dtype=torch.bool, device=index.device)
-    hit[rows, cols] = True
-    return hit
 
 
 def sample_negatives(
