@@ -482,6 +482,7 @@ def test_compiled_mass_training_matches_eager(
     if shutil.which("g++") is None and shutil.which("c++") is None:
         pytest.skip("no C++ compiler for torch.compile on CPU")
     monkeypatch.setenv("MASR_COMPILE", "1")
+    monkeypatch.setattr("masr.compiled.EAGER_SECONDS", 0.0)  # compile on first use
     config = TrainConfig(epochs=1, loss="softmax", neg=32, neg_sampler="mixed", batch_size=64,
                          lr=0.02, temperature=0.1)
     losses, full = [], []
@@ -517,6 +518,7 @@ def test_compiled_full_ranking_gives_the_eager_ranks(
     if shutil.which("g++") is None and shutil.which("c++") is None:
         pytest.skip("no C++ compiler for torch.compile on CPU")
     monkeypatch.setenv("MASR_COMPILE", "1")
+    monkeypatch.setattr("masr.compiled.EAGER_SECONDS", 0.0)  # compile on first use
     torch.manual_seed(0)
     sizes = (planted.n_users, planted.n_playlists, planted.n_songs)
     parts = MDR(MDRConfig(dim=8, init_std=0.3), *sizes), MASS(
@@ -553,6 +555,7 @@ def test_a_short_time_limit_trains_eagerly(
 
     monkeypatch.setattr(torch, "compile", recorded)
     monkeypatch.setenv("MASR_COMPILE", "1")
+    monkeypatch.setattr("masr.compiled.EAGER_SECONDS", 0.0)  # compile on first use
     for limit, compiles in ((MIN_COMPILE_BUDGET / 2, False), (0.0, True), (1e4, True)):
         calls.clear()
         said: list[str] = []
@@ -579,7 +582,137 @@ def test_a_failing_compile_trains_on_eagerly(
         return run
 
     monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr("masr.compiled.EAGER_SECONDS", 0.0)
     twice = Compiled(lambda x: 2 * x, "a test")
     assert twice(3) == 6 and twice.failed and twice(4) == 8
     err = capsys.readouterr().err
     assert err.count("torch.compile of a test failed") == 1 and "no C++ compiler" in err
+
+
+def test_compiled_runs_eagerly_until_its_eager_calls_cost_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A short job never pays for the compiler: ``Compiled`` calls ``fn`` eagerly until those
+    calls have taken EAGER_SECONDS in all, then compiles once and calls the compiled code."""
+    import itertools
+
+    from masr import compiled as compiled_module
+
+    compiles: list[object] = []
+
+    def recorded(fn, **_kw):  # stands in for torch.compile
+        compiles.append(fn)
+        return lambda *args: ("compiled", fn(*args))
+
+    clock = itertools.count(0.0, 2.0)  # every eager call "takes" 2 s
+    monkeypatch.setattr(torch, "compile", recorded)
+    monkeypatch.setattr(compiled_module.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(compiled_module, "EAGER_SECONDS", 5.0)
+    twice = compiled_module.Compiled(lambda x: 2 * x, "a test")
+    assert [twice(i) for i in range(3)] == [0, 2, 4] and not compiles  # 6 s > 5 s eager
+    assert twice(3) == ("compiled", 6) and twice(4) == ("compiled", 8)
+    assert len(compiles) == 1
+
+
+def _plain_shared_slots(q_att, att_w2, att_norm, q, out_w, out_norm, group, open_slots, own):  # noqa: ANN001, ANN202
+    """The slow, obvious eqs. 14-18 per row: over its open slots of its group (+inf ones are
+    closed too), in loops; a row with none pools 0. Every candidate of the group, or with
+    ``own`` the candidate own[b] alone."""
+    n_rows = group.shape[0]
+    cands = [list(range(q.shape[1])) if own is None else [int(own[b])] for b in range(n_rows)]
+    out = torch.zeros(n_rows, len(cands[0]), dtype=q.dtype)
+    for b in range(n_rows):
+        g = int(group[b])
+        slots = [t for t in range(att_w2.shape[-1])
+                 if bool(open_slots[b, t]) and not math.isinf(float(att_norm[g, 0, t].detach()))]
+        for j, c in enumerate(cands[b]):
+            if not slots:
+                continue
+            logits = torch.stack([q_att[g, c] @ att_w2[g, :, t] - att_norm[g, 0, t]
+                                  for t in slots])
+            terms = torch.stack([out_norm[g, 0, t] - 2 * q[g, c] @ out_w[g, :, t]
+                                 for t in slots])
+            out[b, j] = (torch.softmax(logits, 0) * terms).sum()
+    return out
+
+
+@pytest.mark.parametrize("own_only", [False, True])
+def test_shared_slot_pool_equals_the_plain_formula_with_gradients(own_only: bool) -> None:
+    """MASS's playlist-grouped eqs. 14-18 (rows share their playlist's slots, each pools over
+    its own subset; hand-written backward): the loop formula's values and every input's
+    gradients, in float64, with padded (+inf) slots and a row left without any open slot."""
+    from masr.models.mass import shared_slot_pool
+
+    gen = torch.Generator().manual_seed(5)
+    groups, slots, d = 3, 5, 6
+    n = slots if own_only else 4  # own: the candidates are the group's slots' songs
+    shapes = [(groups, n, d), (groups, d, slots), (groups, 1, slots),
+              (groups, n, d), (groups, d, slots), (groups, 1, slots)]
+    inputs = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    inputs[2][2, 0, 3:] = math.inf  # group 2: two padded slots
+    inputs = [t.requires_grad_() for t in inputs]
+    group = torch.tensor([0, 0, 2, 1, 0, 2, 2])
+    own = torch.tensor([0, 4, 1, 0, 2, 0, 2])
+    open_slots = torch.rand(7, slots, generator=gen) < 0.7
+    open_slots[torch.arange(7), own] = False
+    open_slots[3] = False  # a row without any member
+    open_slots[5, 3:] = True  # padded slots given as open stay closed
+    fused = shared_slot_pool(*inputs, group, open_slots, own if own_only else None)
+    plain = _plain_shared_slots(*inputs, group, open_slots, own if own_only else None)
+    assert fused.shape == plain.shape == (7, 1 if own_only else n)
+    assert torch.allclose(fused, plain, atol=1e-12)
+    assert (fused[3] == 0).all()
+    weights = torch.randn(fused.shape, generator=gen, dtype=torch.float64)
+    g_fused = torch.autograd.grad((fused * weights).sum(), inputs)
+    g_plain = torch.autograd.grad((plain * weights).sum(), inputs, allow_unused=True)
+    for i, (a, b) in enumerate(zip(g_fused, g_plain, strict=True)):
+        closed = torch.isinf(inputs[i].detach())
+        b = torch.zeros_like(a) if b is None else b
+        assert torch.allclose(a[~closed], b[~closed], atol=1e-12), i
+        assert (a[closed] == 0).all(), i
+    with torch.no_grad():  # scoring: the same values without the autograd node
+        again = shared_slot_pool(*inputs, group, open_slots, own if own_only else None)
+        assert torch.allclose(again, fused, atol=1e-14)
+
+
+@pytest.mark.parametrize("attention", ["mem-metric", "mem-dot", "nonmem-metric"])
+@pytest.mark.parametrize("context", ["user", "user+playlist"])
+def test_playlist_grouped_scores_equal_the_plain_path_with_gradients(
+    attention: str, context: str
+) -> None:
+    """Sampled softmax's scores for training rows from few playlists (MASS scores them once
+    per playlist, ``_playlist_scores``): the values and parameter gradients of ``distance``
+    per row, in float64, a playlist of one song (no other member) included, and with members
+    capped (--max-members) or dropped (member dropout)."""
+    from masr.models import mass as mass_module
+    from masr.sampling import training_batch
+
+    playlists = [[0, 3, 5, 7, 9], [1, 2], [4], [2, 6, 8, 10, 11, 12], [3, 9, 13]]
+    data = make_data(playlists, 14)
+    index = TrainingIndex.from_data(data)
+    rows = torch.arange(index.n_rows)  # every row: 19 rows of 5 playlists
+    torch.manual_seed(0)
+    config = MASSConfig(dim=8, dropout=0.0, init_std=0.3, attention=attention, context=context)
+    model = MASS(config, data.n_users, data.n_playlists, data.n_songs).double().train()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    shared = torch.tensor([0, 1, 4, 6, 8, 12, 13])
+    own = index.song[rows]
+    songs = torch.cat([own.unsqueeze(1), shared.expand(rows.shape[0], -1)], dim=1)
+    assert mass_module.PLAYLIST_SHARE * rows.shape[0] >= len(playlists)
+    for max_members, member_dropout in ((50, 0.0), (3, 0.0), (50, 0.4)):
+        batch = training_batch(index, rows, uses_members=True, max_members=max_members,
+                               generator=torch.Generator().manual_seed(1),
+                               member_dropout=member_dropout)
+        assert model._playlist_groups(batch) is not None
+        weights = torch.randn(rows.shape[0], 1 + shared.shape[0], dtype=torch.float64)
+        fast = model.distance_own_shared(batch, own, shared)
+        grads_fast = torch.autograd.grad((fast * weights).sum(), list(model.parameters()))
+        plain = model.distance(batch, songs)
+        grads_plain = torch.autograd.grad((plain * weights).sum(), list(model.parameters()))
+        assert torch.allclose(fast, plain, atol=1e-10), (max_members, member_dropout)
+        for (name, _), a, b in zip(model.named_parameters(), grads_fast, grads_plain,
+                                   strict=True):
+            assert torch.allclose(a.to_dense(), b.to_dense(), atol=1e-9), (max_members, name,
+                                                                           member_dropout)

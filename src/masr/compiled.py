@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -50,18 +51,33 @@ def compile_scores(model: Any, on: bool, device: Any) -> bool:
     return bool(model.compile_scores(True))
 
 
+#: seconds that a ``Compiled`` runs ``fn`` eagerly (its calls' own time) before it compiles:
+#: about what compiling MASS's scores costs on 2 CPU cores with a cold cache (20-25 s), so a
+#: short job never pays more for the compiler than the compiled code could win back (on the
+#: embedded data a compiled validation saves 0.4 s an epoch; docs/training.md, "Training rows
+#: scored once per playlist")
+EAGER_SECONDS = 20.0
+
+
 class Compiled:
-    """``fn`` compiled by ``torch.compile(dynamic=True)`` on first use; on any error while
-    compiling or running it, ``fn`` itself from then on."""
+    """``fn`` compiled by ``torch.compile(dynamic=True)`` once its eager calls have taken
+    ``EAGER_SECONDS`` in all; on any error while compiling or running it, ``fn`` itself from
+    then on."""
 
     def __init__(self, fn: Callable[..., Any], what: str) -> None:
         self.fn, self.what = fn, what
         self._compiled: Callable[..., Any] | None = None
         self.failed = False
+        self.eager_left = EAGER_SECONDS
 
     def __call__(self, *args: Any) -> Any:
         if self.failed:
             return self.fn(*args)
+        if self._compiled is None and self.eager_left > 0:
+            start = time.perf_counter()
+            out = self.fn(*args)
+            self.eager_left -= time.perf_counter() - start
+            return out
         try:
             if self._compiled is None:
                 import torch

@@ -90,6 +90,12 @@ MASS_CONTEXTS = ("user", "playlist", "user+playlist")
 #: "nonmem" = the output embeddings U, S (P) reused; "metric" = logits -|B4⊙(q^(a) - s_t^(a))|²,
 #: "dot" = logits q^(a)·s_t^(a) (no B4); "none" = equal weights over the members (no W2, b2)
 ATTENTIONS = ("mem-metric", "mem-dot", "nonmem-metric", "nonmem-dot", "none")
+#: training rows' shared negatives are scored once per playlist (``shared_slot_pool``) when
+#: the batch's rows come from at most this share as many distinct playlists. Measured per
+#: batch on one core against the compiled per-row path (docs/training.md, "Training rows
+#: scored once per playlist"): 0.4-0.85 of its time on the embedded data (shares 0.25-0.68),
+#: 0.90 at share 0.49 and 1.10 at 0.76 on AOTM-2011
+PLAYLIST_SHARE = 0.75
 
 
 @dataclass
@@ -253,6 +259,105 @@ def attentive_pool(
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs) and not tracing:
         return _AttentivePool.apply(*inputs, n_rows)
     return _pool_parts(*inputs, n_rows=n_rows)[2]  # no gradient wanted (scoring), ONNX tracing
+
+
+def _shared_slot_parts(
+    *inputs: Tensor, group: Tensor, open_slots: Tensor, own: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``shared_slot_pool``'s forward: α and the terms (B, C, L) of each row (over its open
+    slots), and their pooled sum (B, C)."""
+    q_att, att_w2, att_norm, q, out_w, out_norm = inputs
+    # eqs. 14-17 once per group (as ``_pool_parts``, R = 1)                     (G, Vc, L)
+    logits = torch.baddbmm(att_norm, q_att, att_w2, beta=-1.0)
+    terms = torch.baddbmm(out_norm, q, out_w, alpha=-2.0)
+    if own is None:  # every candidate of the row's group: (B, Vc, L)
+        row_logits, row_terms = logits.index_select(0, group), terms.index_select(0, group)
+    else:  # one candidate per row, its group's candidate ``own``: (B, 1, L)
+        row_logits, row_terms = logits[group, own].unsqueeze(1), terms[group, own].unsqueeze(1)
+    del logits, terms
+    row_logits.masked_fill_(~open_slots.unsqueeze(1), float("-inf"))  # the row's own slots
+    lone = ~open_slots.any(1)  # (B,) rows without an open slot: finite logits, then α = 0
+    if lone.any():
+        row_logits.masked_fill_(lone.view(-1, 1, 1), 0.0)
+    alpha = torch.softmax(row_logits, dim=-1)  # eq. 18                          (B, C, L)
+    del row_logits
+    if lone.any():
+        alpha.masked_fill_(lone.view(-1, 1, 1), 0.0)
+    return alpha, row_terms, (alpha * row_terms).sum(-1)  # Σ_t α_t d²_t, (B, C)
+
+
+class _SharedSlotPool(torch.autograd.Function):
+    """``shared_slot_pool`` in one autograd node with a hand-written backward."""
+
+    @staticmethod
+    def forward(ctx: Any, q_att, att_w2, att_norm, q, out_w, out_norm, group, open_slots, own):  # noqa: ANN001
+        alpha, terms, pooled = _shared_slot_parts(
+            q_att, att_w2, att_norm, q, out_w, out_norm,
+            group=group, open_slots=open_slots, own=own,
+        )
+        ctx.save_for_backward(q_att, att_w2, q, out_w, alpha, terms, pooled, group, own)
+        return pooled
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor):  # noqa: ANN205
+        q_att, att_w2, q, out_w, alpha, terms, pooled, group, own = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        # per row as in _AttentivePool (in place in the saved tensors), then summed per group
+        g_rows = alpha.mul_(grad.unsqueeze(-1))  # ∂/∂d²_t = α_t                   (B, C, L)
+        g_logit_rows = terms.sub_(pooled.unsqueeze(-1)).mul_(g_rows)  # α_t (d²_t - pooled)
+        shape = (q.shape[0], q.shape[1], g_rows.shape[2])  # (G, Vc, L)
+        if own is None:
+            g_terms = g_rows.new_zeros(shape).index_add_(0, group, g_rows)
+            g_logits = g_rows.new_zeros(shape).index_add_(0, group, g_logit_rows)
+        else:
+            at = (group, own)
+            g_terms = g_rows.new_zeros(shape).index_put_(at, g_rows.squeeze(1), accumulate=True)
+            g_logits = g_rows.new_zeros(shape).index_put_(
+                at, g_logit_rows.squeeze(1), accumulate=True
+            )
+        grads: list[Tensor | None] = [None] * 9
+        if need[0]:
+            grads[0] = torch.bmm(g_logits, att_w2.transpose(1, 2))  # q_att (G, Vc, d)
+        if need[1]:
+            grads[1] = torch.bmm(q_att.transpose(1, 2), g_logits)  # att_w2 (G, d, L)
+        if need[2]:
+            grads[2] = g_logits.sum(1, keepdim=True).neg_()  # att_norm (G, 1, L)
+        if need[3]:
+            grads[3] = torch.bmm(g_terms, out_w.transpose(1, 2)).mul_(-2.0)  # q (G, Vc, d)
+        if need[4]:
+            grads[4] = torch.bmm(q.transpose(1, 2), g_terms).mul_(-2.0)  # out_w (G, d, L)
+        if need[5]:
+            grads[5] = g_terms.sum(1, keepdim=True)  # out_norm (G, 1, L)
+        return tuple(grads)
+
+
+def shared_slot_pool(
+    q_att: Tensor,
+    att_w2: Tensor,
+    att_norm: Tensor,
+    q: Tensor,
+    out_w: Tensor,
+    out_norm: Tensor,
+    group: Tensor,
+    open_slots: Tensor,
+    own: Tensor | None = None,
+) -> Tensor:
+    """``attentive_pool`` (R = 1) for B rows that share G groups' member slots, each row over
+    its own subset of them: queries ``q_att``, ``q`` (G, Vc, d) and member halves (G, d, L),
+    (G, 1, L) per group; ``group`` (B,) each row's group and ``open_slots`` (B, L) bool the
+    slots it pools over (a row with none pools 0) -> (B, Vc) for every candidate of the row's
+    group, or with ``own`` (B,) (B, 1) for candidate ``own[b]`` of row b's group alone.
+
+    Training rows of one playlist: each row's members are the playlist's songs less its own
+    positive (less any capped or dropped ones), so the queries (eqs. 12, 16) and the batched
+    GEMMs of eqs. 14-17 are formed once per playlist, not once per row; only the softmin and
+    the sum (eqs. 18-19) are per row. The same values as ``attentive_pool`` on each row's own
+    member list, up to float rounding (tested in float64)."""
+    inputs = (q_att, att_w2, att_norm, q, out_w, out_norm)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return _SharedSlotPool.apply(*inputs, group, open_slots, own)
+    return _shared_slot_parts(*inputs, group=group, open_slots=open_slots, own=own)[2]
 
 
 class MASS(Recommender):
@@ -494,10 +599,101 @@ class MASS(Recommender):
         dropout law)."""
         if self.training and self.config.dropout > 0 and not self._row_dropout():
             return super().distance_own_shared(batch, own, shared)
+        by_playlist = self._playlist_groups(batch)
+        if by_playlist is not None:
+            return self._playlist_scores(batch, by_playlist, own, shared)
         rows = self._row_sides(batch)
         return torch.cat(
             [self._songs_scores(rows, own.unsqueeze(1)), self._songs_scores(rows, shared)], dim=1
         )
+
+    def _playlist_groups(self, batch: Batch) -> tuple[Tensor, ...] | None:
+        """For training rows (no distance dropout; attention other than "none") that come from
+        few enough playlists (``PLAYLIST_SHARE``): the distinct playlists (G,), each row's
+        group (B,), the playlists' songs (G, L) and mask (G, L) (the training songs in the
+        index's order), each row's own slot (B,) and the slots among them that are its members
+        (B, L) (all but its own, unless --max-members capped or member dropout dropped some).
+        Else None."""
+        index, rows = batch.source, batch.rows
+        if index is None or rows is None or self.att_query is None:
+            return None
+        if self.training and self.config.dropout > 0:
+            return None
+        playlists, group = torch.unique(batch.playlists, return_inverse=True)
+        if playlists.numel() > PLAYLIST_SHARE * rows.numel():
+            return None
+        start, length = index.indptr[playlists], index.lengths(playlists)  # (G,)
+        slots = torch.arange(int(length.max()), device=rows.device)  # (L,)
+        mask = slots < length.unsqueeze(1)  # (G, L)
+        flat = (start.unsqueeze(1) + slots).clamp_(max=index.n_rows - 1)
+        songs = torch.where(mask, index.song[flat], torch.zeros_like(flat))  # (G, L)
+        own = rows - index.indptr[batch.playlists]  # (B,) the positive's slot
+        # a slot is open for a row when its song is one of the row's members, never its own
+        row_songs, row_mask = songs.index_select(0, group), mask.index_select(0, group)
+        is_member = (row_songs.unsqueeze(2) == batch.members.unsqueeze(1)) & (
+            batch.member_mask.unsqueeze(1)
+        )  # (B, L, L_members)
+        open_slots = is_member.any(2) & row_mask
+        open_slots.scatter_(1, own.unsqueeze(1), False)
+        return playlists, group, songs, mask, own, open_slots
+
+    def _playlist_scores(
+        self, batch: Batch, groups: tuple[Tensor, ...], own_songs: Tensor, shared: Tensor
+    ) -> Tensor:
+        """``distance_own_shared`` for ``_playlist_groups``' rows: the member-song halves and
+        the queries (eqs. 12, 16) once per playlist, over all its songs; each row pools over
+        its own members among them (``shared_slot_pool``). The positive is one of the
+        playlist's songs, so its queries are the playlist's, taken at the row's slot. The same
+        values as the per-row path, up to float rounding."""
+        index = batch.source
+        assert index is not None
+        playlists, group, songs, mask, own, open_slots = groups
+        side = self._member_side(songs.unsqueeze(1), mask.unsqueeze(1))
+        width = side["out_w"].shape[-1]  # the slots as laid out for the GEMMs (gemm_slots)
+        open_slots = F.pad(open_slots, (0, width - open_slots.shape[1]))  # (B, width)
+        users = index.playlist_user[playlists]
+        a_out, a_att = self._context_side(
+            self._context(users, playlists), self._att_context(users, playlists)
+        )  # (G, 1, d) each
+        table = self._att_songs()
+        shared_scores = self._slot_scores(
+            side, a_out, a_att, self.song_emb(shared), table(shared), group, open_slots, None
+        )  # (B, N)
+        own_scores = self._slot_scores(
+            side, a_out, a_att, self.song_emb(songs), table(songs), group, open_slots, own
+        )  # (B, 1)
+        bias = self.song_bias(shared).view(1, -1)  # (1, N)
+        return torch.cat([own_scores + self.song_bias(own_songs), shared_scores + bias], dim=1)
+
+    def _slot_scores(
+        self,
+        side: dict[str, Tensor],
+        a_out: Tensor,
+        a_att: Tensor,
+        s_out: Tensor,
+        s_att: Tensor,
+        group: Tensor,
+        open_slots: Tensor,
+        own: Tensor | None,
+    ) -> Tensor:
+        """Eq. 19 without the song bias for B rows grouped by playlist (``_playlist_scores``):
+        candidate vectors ``s_out``, ``s_att`` (Vc, d) shared by every group -> (B, Vc), or
+        with ``own`` (B,) the group's songs (G, L, d), each row taking its own slot's -> (B, 1).
+        Eager: compiled, it took longer per step on 2 cores and 35 s more to compile."""
+        assert self.att_query is not None
+        _, w1_s = self._split(self.query)
+        _, w2_s = self._split(self.att_query)
+        # eqs. 12 and 16 per playlist and candidate                                 (G, Vc, d)
+        q = (a_out + F.linear(s_out, w1_s, self.query.bias)).relu_()
+        q_att = (a_att + F.linear(s_att, w2_s, self.att_query.bias)).relu_()
+        q_norm = weighted_sum(q * q, side["w_out"])  # (G, Vc)  |B3⊙q|²
+        pooled = shared_slot_pool(
+            q_att, side["att_w2"], side["att_norm"], q, side["out_w"], side["out_norm"],
+            group, open_slots, own,
+        )  # eqs. 14-18, (B, C)
+        # eq. 19: + |B3⊙q|² for rows with a member
+        q_norm = q_norm.index_select(0, group) if own is None else q_norm[group, own, None]
+        return pooled + q_norm * open_slots.any(1, keepdim=True).to(q_norm.dtype)
 
     def _row_sides(self, batch: Batch) -> tuple[dict[str, Tensor], Tensor, Tensor | None]:
         """What does not depend on the candidate, one group per row: ``_member_side`` and
