@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     optimizer = LazyAdam(model.parameters(), lr=config.lr)
     if args.apr:  # s(Θ) of eqs. 23-24, once, as train_model does per epoch
         scales = noise_scales(model, adversarial.eps, adversarial.noise)
-    order = _epoch_order(model, index.lengths(index.playlist), config, generator)
+    order = _epoch_order(model, index.lengths(index.playlist), config, generator, index.playlist)
     n_batches = max(index.n_rows // config.batch_size, 1)
 
     def step(i: int) -> None:

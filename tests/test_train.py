@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +189,41 @@ def test_sortish_batches_are_a_permutation_of_length_sorted_runs() -> None:
     assert bool((lengths[out[15 * 64 :]].diff() >= 0).all())  # the short batch comes last
     spread = (lengths[batches].max(1).values - lengths[batches].min(1).values).float().mean()
     assert float(spread) < 25  # a random batch of 64 spans almost the whole 1..49 range
+
+
+@pytest.mark.parametrize("uses_members", [False, True])
+def test_playlist_batches_hold_whole_playlists(uses_members: bool) -> None:
+    """--batch-by playlist: an epoch is a permutation of the rows in which a playlist's rows
+    sit together: contiguous in one batch, or split where a batch ends (and, for
+    member-reading models, where a length-sorting window ends); playlists come in a new
+    random order every epoch; batches hold far fewer playlists than under --batch-by row."""
+    from masr.train import _epoch_order
+
+    g = torch.Generator().manual_seed(0)
+    sizes = torch.randint(1, 12, (300,), generator=g)
+    playlists = torch.repeat_interleave(torch.arange(300), sizes)  # (N,) index order
+    n = playlists.shape[0]
+    lengths = sizes[playlists]
+    model = type("M", (), {"uses_members": uses_members})()
+    config = TrainConfig(batch_size=64, sort_window=4, batch_by="playlist")
+    first = _epoch_order(model, lengths, config, g, playlists)
+    second = _epoch_order(model, lengths, config, g, playlists)
+    assert not torch.equal(first, second)
+    for order in (first, second):
+        assert sorted(order.tolist()) == list(range(n))
+        batch_of = torch.empty(n, dtype=torch.long)
+        batch_of[order] = torch.arange(n) // 64
+        for p in range(300):
+            at = torch.nonzero(playlists[order] == p).squeeze(1)  # positions of p's rows
+            runs = int((at.diff() != 1).sum()) + 1
+            pieces = 3 if uses_members else 2
+            assert runs <= pieces and batch_of[playlists == p].unique().numel() <= pieces, p
+    distinct = torch.tensor([playlists[first[i : i + 64]].unique().numel() for i in
+                             range(0, n - 63, 64)]).float().mean()
+    rows = _epoch_order(model, lengths, replace(config, batch_by="row"), g, playlists)
+    distinct_rows = torch.tensor([playlists[rows[i : i + 64]].unique().numel() for i in
+                                  range(0, n - 63, 64)]).float().mean()
+    assert float(distinct) < 0.5 * float(distinct_rows)  # whole playlists, not scattered rows
 
 
 def _weights(model: nn.Module) -> dict[str, Tensor]:
@@ -499,3 +535,27 @@ def test_a_fusion_validates_on_the_fewest_cases_its_parts_ranked(tmp_path: Path)
     assert _parts_valid_sample(tmp_path, ["amdr"], 2000) == 2000
     assert _parts_valid_sample(tmp_path, ["missing"], 500) == 500
     assert _parts_valid_sample(tmp_path, ["amass"], 0) == 350  # 0 = every case, the most
+
+
+def test_cli_records_batch_by_only_when_playlist(tmp_path: Path) -> None:
+    """`masr train --batch-by playlist` trains MASS with whole playlists per batch and says so
+    in run.json; the default (row) leaves the record as runs had it before the option."""
+    from conftest import write_planted
+    from test_cli_train import TINY, _ok
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    args = ["train", "--model", "mass", "--data", str(data), "--runs", str(runs), "--loss",
+            "softmax", "--neg", "16", *TINY]
+    _ok(args)
+    info = lambda: json.loads((runs / "mass" / "run.json").read_text())  # noqa: E731
+    assert "batch_by" not in info()["train_config"]
+    _ok([*args, "--batch-by", "playlist"])
+    assert info()["train_config"]["batch_by"] == "playlist"
+    assert info()["history"]
+    from test_cli_train import runner
+
+    from masr_cli.main import app
+
+    bad = runner.invoke(app, [*args, "--batch-by", "song"])
+    assert bad.exit_code != 0 and "batch-by" in bad.output

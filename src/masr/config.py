@@ -30,6 +30,7 @@ NEG_MODES = ("hardest", "pairs")  # BPR against the closest negative, or against
 LOSSES = ("bpr", "softmax")  # eq. 21 (CML: its hinge), or sampled softmax over shared negatives
 NEG_SAMPLERS = ("uniform", "popularity", "mixed")  # how negatives are drawn from the catalog
 SELECTIONS = ("sampled", "full")  # the validation protocol that picks the best epoch
+BATCH_BY = ("row", "playlist")  # what an epoch shuffles (TrainConfig.batch_by)
 NOISE_MODES = ("flexible", "fixed")  # APR noise norm: eps * std(parameter), or eps
 ENTITIES = ("user", "playlist")  # whose vector ID-only baselines (mfbpr, cml, als) learn
 DEVICES = ("auto", "cpu", "cuda")
@@ -132,6 +133,10 @@ class TrainConfig:
     #: length before batching (then the batches are shuffled), so a batch pads its member
     #: lists to a similar length instead of to the longest playlist; 0 or 1 = plain shuffle
     sort_window: int = 50
+    #: what an epoch shuffles: "row" (training rows, the paper's) or "playlist" (playlists,
+    #: each one's rows kept together, so a batch holds whole playlists; MASS then scores its
+    #: shared negatives once per playlist, ``MASS._playlist_scores``)
+    batch_by: str = "row"
 
     def __post_init__(self) -> None:
         _raise_first(
@@ -165,16 +170,19 @@ class TrainConfig:
                 ("--patience", self.patience >= 0, "must be >= 0 (0 turns early stopping off)"),
                 ("--time-limit", self.time_limit >= 0, "must be >= 0 seconds (0 = no limit)"),
                 ("sort_window", self.sort_window >= 0, "must be >= 0"),
+                ("--batch-by", self.batch_by in BATCH_BY, f"must be one of {_list(BATCH_BY)}"),
             ]
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields; ``member_dropout`` and ``ema`` only when on, so a run trained before they
-        existed keeps its signature (and is reused)."""
+        """The fields; ``member_dropout``, ``ema`` and ``batch_by`` only when on (not "row"), so
+        a run trained before they existed keeps its signature (and is reused)."""
         values = asdict(self)
         for name in ("member_dropout", "ema"):
             if not values[name]:
                 del values[name]
+        if values["batch_by"] == "row":
+            del values["batch_by"]
         return values
 
     @classmethod
@@ -229,7 +237,7 @@ OPTION_PATHS: dict[str, tuple[str, str]] = {
         for p in (
             "epochs", "batch_size", "lr", "reg", "loss", "neg", "neg_mode", "neg_sampler",
             "temperature", "select", "valid_sample", "max_members", "member_dropout", "ema",
-            "patience", "time_limit", "seed", "sparse",
+            "patience", "time_limit", "seed", "sparse", "batch_by",
         )
     },
     "adv_epochs": ("adversarial", "epochs"),

@@ -338,12 +338,25 @@ def _sortish(
 
 
 def _epoch_order(
-    model: Recommender, row_lengths: Tensor, config: TrainConfig, generator: torch.Generator
+    model: Recommender,
+    row_lengths: Tensor,
+    config: TrainConfig,
+    generator: torch.Generator,
+    playlists: Tensor | None = None,
 ) -> Tensor:
-    """One epoch's order of the N training rows (N,): shuffled, and for member-reading models
-    length-sorted within windows (``_sortish``)."""
+    """One epoch's order of the N training rows (N,): shuffled (with ``config.batch_by``
+    "playlist", the playlists (N,) of the rows are, each one's rows kept together), and for
+    member-reading models length-sorted within windows (``_sortish``)."""
     n_rows = row_lengths.shape[0]
-    order = torch.randperm(n_rows, generator=generator, device=row_lengths.device)  # (N,)
+    if config.batch_by == "playlist" and playlists is not None and n_rows:
+        # playlists in a random order, each one's rows together: the stable sort below keeps
+        # them together within a length, so batches hold whole playlists
+        rank = torch.randperm(
+            int(playlists.max()) + 1, generator=generator, device=row_lengths.device
+        )
+        order = torch.argsort(rank[playlists], stable=True)  # (N,)
+    else:
+        order = torch.randperm(n_rows, generator=generator, device=row_lengths.device)  # (N,)
     if model.uses_members and config.sort_window > 1:
         order = _sortish(order, row_lengths, config, generator)
     return order
@@ -583,7 +596,7 @@ def train_model(
             if adversarial is not None:
                 # s(Theta) of eq. 23-24, from the parameters as this epoch starts
                 scales = noise_scales(model, adversarial.eps, adversarial.noise)
-            order = _epoch_order(model, row_lengths, config, generator)  # (N,)
+            order = _epoch_order(model, row_lengths, config, generator, index.playlist)  # (N,)
             total = torch.zeros((), device=device)
             done = steps  # steps of this epoch actually run (fewer when the time limit cuts it)
             # keep room for this epoch's validation: as long as the last one took

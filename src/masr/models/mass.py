@@ -609,7 +609,8 @@ class MASS(Recommender):
 
     def _playlist_groups(self, batch: Batch) -> tuple[Tensor, ...] | None:
         """For training rows (no distance dropout; attention other than "none") that come from
-        few enough playlists (``PLAYLIST_SHARE``): the distinct playlists (G,), each row's
+        few enough playlists (``PLAYLIST_SHARE``), none of them more than twice as long as the
+        rows' member lists: the distinct playlists (G,), each row's
         group (B,), the playlists' songs (G, L) and mask (G, L) (the training songs in the
         index's order), each row's own slot (B,) and the slots among them that are its members
         (B, L) (all but its own, unless --max-members capped or member dropout dropped some).
@@ -623,7 +624,12 @@ class MASS(Recommender):
         if playlists.numel() > PLAYLIST_SHARE * rows.numel():
             return None
         start, length = index.indptr[playlists], index.lengths(playlists)  # (G,)
-        slots = torch.arange(int(length.max()), device=rows.device)  # (L,)
+        longest = int(length.max())
+        if longest > 2 * batch.members.shape[1] + 1:
+            # members capped far below the playlist's length (--max-members): the per-row
+            # (B, C, L) softmin over all its songs would cost more than the rows' own lists
+            return None
+        slots = torch.arange(longest, device=rows.device)  # (L,)
         mask = slots < length.unsqueeze(1)  # (G, L)
         flat = (start.unsqueeze(1) + slots).clamp_(max=index.n_rows - 1)
         songs = torch.where(mask, index.song[flat], torch.zeros_like(flat))  # (G, L)
