@@ -266,7 +266,8 @@ def test_recipe_paper_is_the_old_default(tmp_path: Path) -> None:
     # every option the default recipe (fullrank) sets, given at the paper's values
     old_flags = ["--loss", "bpr", "--neg", "4", "--neg-mode", "hardest", "--neg-sampler",
                  "uniform", "--select", "sampled", "--temperature", str(t.temperature),
-                 "--valid-sample", str(t.valid_sample), "--set", "dropout=0.2"]
+                 "--valid-sample", str(t.valid_sample), "--set", "dropout=0.2",
+                 "--batch-by", t.batch_by]
     histories = []
     for name, extra in (("recipe", ["--recipe", "paper"]), ("flags", old_flags)):
         runs = tmp_path / name
