@@ -539,8 +539,8 @@ def test_a_fusion_validates_on_the_fewest_cases_its_parts_ranked(tmp_path: Path)
 
 def test_cli_records_batch_by_only_when_playlist(tmp_path: Path) -> None:
     """`masr train --batch-by playlist` trains MASS with whole playlists per batch and says so
-    in run.json (the default recipe on a CPU does it for MASS); --batch-by row leaves the
-    record as runs had it before the option."""
+    in run.json; --batch-by row (the default, the recipes' too) leaves the record as runs had
+    it before the option."""
     from conftest import write_planted
     from test_cli_train import TINY, _ok
 
@@ -555,9 +555,9 @@ def test_cli_records_batch_by_only_when_playlist(tmp_path: Path) -> None:
     assert info()["train_config"]["batch_by"] == "playlist"
     assert info()["history"]
     default = [a.replace(str(runs), str(tmp_path / "default")) for a in args]
-    _ok([*default, "--device", "cpu"])  # the CPU recipe's choice for MASS
+    _ok([*default, "--device", "cpu"])  # the CPU recipe keeps row batches
     saved = json.loads((tmp_path / "default" / "mass" / "run.json").read_text())
-    assert saved["train_config"]["batch_by"] == "playlist"
+    assert "batch_by" not in saved["train_config"]
     from test_cli_train import runner
 
     from masr_cli.main import app

@@ -290,13 +290,12 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
 #: (docs/training.md: 0.0640 full hit@10 at 128 on a CPU, 0.0655 at 1,024 on a GPU). MDR
 #: (``mdr.neg``: MDR's runs, AMDR's too) keeps 1,024: its negatives cost one GEMM, and on AOTM
 #: validation they lift AMDR by 0.0095-0.0120 full hit@10 over two seeds, AMASR by
-#: 0.002-0.0075 (docs/training.md, "MDR's negatives on a CPU"). MASS (``mass.batch_by``: MASS's
-#: runs, AMASS's too) shuffles playlists instead of rows, so its batches hold whole playlists,
-#: scored once per playlist: an AOTM MASS epoch on one core 175 s → 32-43 s, the embedded
-#: data's AMASR 0.9142 / 0.4010 validation hit@10 against 0.9148 / 0.4060 with row batches
+#: 0.002-0.0075 (docs/training.md, "MDR's negatives on a CPU"). MASS keeps row batches:
+#: ``--batch-by playlist`` makes an AOTM MASS epoch 4-5x cheaper on a CPU, but its MASS
+#: reached 0.033 full / 0.56-0.57 sampled validation hit@10 against 0.0355 / 0.588
 #: (docs/training.md, "Training rows scored once per playlist").
 CPU_RECIPES: dict[str, dict[str, dict[str, Any]]] = {
-    "fullrank": {"train": {"neg": 128, "mdr.neg": 1024, "mass.batch_by": "playlist"}}
+    "fullrank": {"train": {"neg": 128, "mdr.neg": 1024}}
 }
 #: the recipe ``masr train`` uses for masr's own models (MDR, MASS, their A-variants, fusions
 #: and ablations) when --recipe is not given: the best on AOTM validation under full ranking,
