@@ -594,7 +594,8 @@ class MASS(Recommender):
 
     def distance_own_shared(self, batch: Batch, own: Tensor, shared: Tensor) -> Tensor:
         """(B, 1 + N) eq. 19 to each row's own song and to N shared songs: both through the
-        GEMM form of ``distance_shared``, the member-song halves computed once for the two.
+        GEMM form of ``distance_shared``, the member-song halves computed once for the two;
+        training rows from few enough playlists once per playlist (``_playlist_scores``).
         With dropout other than "row" in training: ``distance`` and ``distance_shared`` (the
         dropout law)."""
         if self.training and self.config.dropout > 0 and not self._row_dropout():
@@ -610,11 +611,11 @@ class MASS(Recommender):
     def _playlist_groups(self, batch: Batch) -> tuple[Tensor, ...] | None:
         """For training rows (no distance dropout; attention other than "none") that come from
         few enough playlists (``PLAYLIST_SHARE``), none of them more than twice as long as the
-        rows' member lists: the distinct playlists (G,), each row's
-        group (B,), the playlists' songs (G, L) and mask (G, L) (the training songs in the
-        index's order), each row's own slot (B,) and the slots among them that are its members
-        (B, L) (all but its own, unless --max-members capped or member dropout dropped some).
-        Else None."""
+        rows' member lists: the distinct playlists (G,), each row's group (B,), the playlists'
+        songs (G, L) and mask (G, L) (the training songs in the index's order), each row's own
+        slot (B,) and the slots that hold its members (B, L) (all but its own, unless
+        --max-members capped or member dropout dropped some; found by song, as a prepared
+        playlist holds each song once). Else None."""
         index, rows = batch.source, batch.rows
         if index is None or rows is None or self.att_query is None:
             return None
