@@ -198,6 +198,35 @@ def _pool_parts(*inputs: Tensor, n_rows: int) -> tuple[Tensor, Tensor, Tensor]:
     return alpha, terms, (alpha * terms).sum(-1)  # Σ_t α_t d²_t, (G, Vc, R)
 
 
+def _pool_input_grads(
+    need: tuple[bool, ...],
+    q_att: Tensor,
+    att_w2: Tensor,
+    q: Tensor,
+    out_w: Tensor,
+    g_logits: Tensor,
+    g_terms: Tensor,
+) -> list[Tensor | None]:
+    """The backward of eqs. 14-17's GEMM form, shared by ``attentive_pool`` and
+    ``shared_slot_pool``: from the gradients of the attention logits and the output terms
+    (G, Vc, S) (S member slots), those of q_att, att_w2, att_norm, q, out_w, out_norm (in that
+    order, None where ``need`` says so)."""
+    grads: list[Tensor | None] = [None] * 6
+    if need[0]:
+        grads[0] = torch.bmm(g_logits, att_w2.transpose(1, 2))  # q_att (G, Vc, d)
+    if need[1]:
+        grads[1] = torch.bmm(q_att.transpose(1, 2), g_logits)  # att_w2 (G, d, S)
+    if need[2]:
+        grads[2] = g_logits.sum(1, keepdim=True).neg_()  # att_norm (G, 1, S)
+    if need[3]:
+        grads[3] = torch.bmm(g_terms, out_w.transpose(1, 2)).mul_(-2.0)  # q (G, Vc, d)
+    if need[4]:
+        grads[4] = torch.bmm(q.transpose(1, 2), g_terms).mul_(-2.0)  # out_w (G, d, S)
+    if need[5]:
+        grads[5] = g_terms.sum(1, keepdim=True)  # out_norm (G, 1, S)
+    return grads
+
+
 class _AttentivePool(torch.autograd.Function):
     """Eqs. 14-18 in one autograd node with a hand-written backward (``attentive_pool``)."""
 
@@ -220,20 +249,8 @@ class _AttentivePool(torch.autograd.Function):
         g_terms = alpha.mul_(grad.unsqueeze(-1))  # (G, Vc, R, L)
         g_logits = terms.sub_(pooled.unsqueeze(-1)).mul_(g_terms)
         g_terms, g_logits = g_terms.view(n_groups, n, -1), g_logits.view(n_groups, n, -1)
-        grads: list[Tensor | None] = [None] * 7
-        if need[0]:
-            grads[0] = torch.bmm(g_logits, att_w2.transpose(1, 2))  # q_att (G, Vc, d)
-        if need[1]:
-            grads[1] = torch.bmm(q_att.transpose(1, 2), g_logits)  # att_w2 (G, d, RL)
-        if need[2]:
-            grads[2] = g_logits.sum(1, keepdim=True).neg_()  # att_norm (G, 1, RL)
-        if need[3]:
-            grads[3] = torch.bmm(g_terms, out_w.transpose(1, 2)).mul_(-2.0)  # q (G, Vc, d)
-        if need[4]:
-            grads[4] = torch.bmm(q.transpose(1, 2), g_terms).mul_(-2.0)  # out_w (G, d, RL)
-        if need[5]:
-            grads[5] = g_terms.sum(1, keepdim=True)  # out_norm (G, 1, RL)
-        return tuple(grads)
+        # the six pooled inputs' gradients; none for n_rows
+        return (*_pool_input_grads(need, q_att, att_w2, q, out_w, g_logits, g_terms), None)
 
 
 def attentive_pool(
@@ -316,20 +333,9 @@ class _SharedSlotPool(torch.autograd.Function):
             g_logits = g_rows.new_zeros(shape).index_put_(
                 at, g_logit_rows.squeeze(1), accumulate=True
             )
-        grads: list[Tensor | None] = [None] * 9
-        if need[0]:
-            grads[0] = torch.bmm(g_logits, att_w2.transpose(1, 2))  # q_att (G, Vc, d)
-        if need[1]:
-            grads[1] = torch.bmm(q_att.transpose(1, 2), g_logits)  # att_w2 (G, d, L)
-        if need[2]:
-            grads[2] = g_logits.sum(1, keepdim=True).neg_()  # att_norm (G, 1, L)
-        if need[3]:
-            grads[3] = torch.bmm(g_terms, out_w.transpose(1, 2)).mul_(-2.0)  # q (G, Vc, d)
-        if need[4]:
-            grads[4] = torch.bmm(q.transpose(1, 2), g_terms).mul_(-2.0)  # out_w (G, d, L)
-        if need[5]:
-            grads[5] = g_terms.sum(1, keepdim=True)  # out_norm (G, 1, L)
-        return tuple(grads)
+        # the six pooled inputs' gradients; none for group, open_slots, own
+        return (*_pool_input_grads(need, q_att, att_w2, q, out_w, g_logits, g_terms),
+                None, None, None)
 
 
 def shared_slot_pool(
@@ -634,7 +640,7 @@ class MASS(Recommender):
         mask = slots < length.unsqueeze(1)  # (G, L)
         flat = (start.unsqueeze(1) + slots).clamp_(max=index.n_rows - 1)
         songs = torch.where(mask, index.song[flat], torch.zeros_like(flat))  # (G, L)
-        own = rows - index.indptr[batch.playlists]  # (B,) the positive's slot
+        own = rows - start.index_select(0, group)  # (B,) the positive's slot
         # a slot is open for a row when its song is one of the row's members, never its own
         row_songs, row_mask = songs.index_select(0, group), mask.index_select(0, group)
         is_member = (row_songs.unsqueeze(2) == batch.members.unsqueeze(1)) & (
