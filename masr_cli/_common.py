@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import errno
 import functools
 import inspect
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +39,49 @@ def choices(name: str, values: tuple[str, ...]) -> Any:
 #: --device of train, evaluate and score: auto picks CUDA when it is usable
 Device = choices("Device", DEVICES)
 
+#: --threads of the commands that run PyTorch on a CPU (train, evaluate, reproduce)
+Threads = Annotated[
+    int,
+    typer.Option(
+        help="CPU threads for PyTorch; 0 = the cores not kept busy by other work (1-minute "
+        "load average), at least 1, said on stderr. On a busy machine more threads than "
+        "free cores are several times slower.",
+    ),
+]
+
+
+def cpu_threads_line(threads: int, device: str) -> str:
+    """Set PyTorch's CPU threads for a command on ``device`` ("cuda" leaves them alone):
+    ``threads``, or with 0 the free cores (``masr.system.cpu_threads``). Returns the line to
+    say on stderr ("" when the user chose, or on CUDA)."""
+    from masr.errors import MasrError
+
+    if threads < 0:
+        raise MasrError("--threads must be >= 0 (0 = the free cores)")
+    if device == "cuda":
+        return ""
+    import torch
+
+    from masr.system import cpu_threads
+
+    n_threads, why = cpu_threads(threads)
+    torch.set_num_threads(n_threads)
+    return "" if threads else f"using {why}"
+
+
+def log_after(first_line: str) -> Callable[[str], None]:
+    """``log_line`` that says ``first_line`` (if any) before its first message: a command that
+    fails before it logs anything leaves its one error line alone on stderr."""
+    pending = [first_line] if first_line else []
+
+    def log(message: str) -> None:
+        while pending:
+            log_line(pending.pop())
+        log_line(message)
+
+    return log
+
+
 #: --data of the commands that read trained runs (evaluate, analyze); default Path("data")
 RunsData = Annotated[Path, typer.Option(help="Prepared data directory the runs were trained on.")]
 
@@ -63,6 +108,23 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _broken_pipe(exc: OSError) -> bool:
+    """The reader of stdout went away: Python's BrokenPipeError, or the same error raised by a
+    Rust writer (Polars: "Broken pipe (os error 32)")."""
+    return isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE or (
+        "os error 32" in str(exc)
+    )
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's last flush raises nothing more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (tests): nothing to quiet
+        pass
+
+
 def handle_errors(func: F) -> F:
     """Turn MasrError, Ctrl-C and OS errors (ENOSPC, EACCES) into one clear line on stderr and a
     non-zero exit."""
@@ -77,9 +139,10 @@ def handle_errors(func: F) -> F:
             raise fail("interrupted", 130) from None
         except MemoryError:
             raise fail("out of memory; try a smaller --batch-size or a smaller input") from None
-        except BrokenPipeError:
-            raise
         except OSError as exc:  # a full disk, a read-only folder: the file and the reason
+            if _broken_pipe(exc):  # `masr score ... | head`: stop quietly, as Unix tools do
+                _quiet_stdout()
+                raise typer.Exit(141) from None
             where = f"{exc.filename}: " if exc.filename else ""
             raise fail(f"{where}{exc.strerror or exc}") from None
 

@@ -11,7 +11,15 @@ import typer
 from rich.table import Table
 
 from masr.config import SPLITS
-from masr_cli._common import Device, RunsData, choices, console, log_line
+from masr_cli._common import (
+    Device,
+    RunsData,
+    Threads,
+    choices,
+    console,
+    cpu_threads_line,
+    log_after,
+)
 
 NAME = "evaluate"
 
@@ -92,6 +100,7 @@ def command(
             "to float rounding.",
         ),
     ] = True,
+    threads: Threads = 0,
 ) -> None:
     """Score trained runs on the held-out songs, as the paper's Table 2 and Fig. 4.
 
@@ -122,6 +131,7 @@ def command(
     if plot is not None and plot.suffix.lower() != ".png":
         raise MasrError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
     prepared = load_prepared(data)
+    log = log_after(cpu_threads_line(threads, device.value))
     names = model or ["all"]
     results = evaluate_runs(
         prepared,
@@ -134,7 +144,7 @@ def command(
         alphas=alpha or (),
         candidates=candidates,
         compile=compile_,
-        log=log_line,
+        log=log,
     )
     cases = prepared.test if split is Split.test else prepared.valid
     negatives = int((cases.negatives >= 0).sum(1).max()) if len(cases) else 0

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from masr.config import ReproduceConfig
-from masr_cli._common import Device, console, log_line
+from masr_cli._common import Device, Threads, console, cpu_threads_line, log_after
 
 NAME = "reproduce"
 
@@ -67,6 +67,7 @@ def command(
     ] = _R.entities,
     device: Annotated[Device, typer.Option(help="auto picks CUDA when present.")] = Device.auto,
     seed: Annotated[int, typer.Option(help="Seed of every run and sample.")] = _R.seed,
+    threads: Threads = 0,
 ) -> None:
     """Train and evaluate what the paper's Tables 2-4 and Figures 4-7 need, on one dataset.
 
@@ -103,7 +104,8 @@ def command(
         device=device.value,
         seed=seed,
     )
-    result = reproduce(data, out, config, log=log_line)
+    log = log_after(cpu_threads_line(threads, device.value))
+    result = reproduce(data, out, config, log=log)
     for title, seconds in result.seconds.items():
         console.print(f"{title}: {seconds:.1f} s")
     console.print(f"wrote {result.report}")

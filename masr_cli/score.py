@@ -40,8 +40,8 @@ def command(
         typer.Option(
             "--out",
             "-o",
-            help="Write the CSV here (written aside, renamed when complete) instead of stdout; "
-            "with --format parquet, a directory.",
+            help="Write the CSV here (written aside, renamed when complete) instead of stdout "
+            "(- = stdout); with --format parquet, a directory.",
             show_default=False,
         ),
     ] = None,
@@ -120,5 +120,7 @@ def command(
         out_format=out_format.value,
         columns=Columns(user=user_col, playlist=playlist_col, track=track_col),
     )
+    if out is not None and str(out) == "-":  # as --json - elsewhere: stdout
+        out = None
     summary = score_file(input, model, out, config, log=log_line)
     console.print(summary.line(), highlight=False, soft_wrap=True)

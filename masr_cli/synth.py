@@ -19,7 +19,8 @@ def command(
         typer.Option(
             "--out",
             "-o",
-            help="File to write: .csv, .tsv or .parquet, with .gz for gzipped CSV/TSV.",
+            help="File to write: .csv, .tsv or .parquet, with .gz for gzipped CSV/TSV; - for "
+            "CSV on stdout.",
         ),
     ],
     seed: Annotated[int, typer.Option(help="Seed of the generator (same seed, same rows).")] = 0,
@@ -64,6 +65,9 @@ def command(
     `masr synth --playlists 1000000 --songs 2262292 --out mpd.parquet`; MPD has no users, so
     prepare it with each playlist its own user: `masr prep mpd.parquet --user-col playlist_id`.
     """
+    from masr.seed import check_seed
+
+    check_seed(seed)
     if playlists is not None:
         kwargs = {} if mean_length is None else {"mean_length": mean_length}
         cfg = SynthConfig.sized(

@@ -36,7 +36,7 @@ from masr.config import (
     TrainConfig,
 )
 from masr.runs import RUNS
-from masr_cli._common import Device, choices, console, log_line
+from masr_cli._common import Device, Threads, choices, console, cpu_threads_line, log_line
 
 NAME = "train"
 
@@ -65,6 +65,23 @@ def _recipe_text(name: str, cpu: bool = False) -> str:
         text.append(f"--{name.replace('_', '-')} {value}" + (f" for {scope}" if dot else ""))
     text += [f"--set {k}={v}" for k, v in recipe.get("model", {}).items()]
     return " ".join(text)
+
+
+def _recipe_default(section: str, field_name: str) -> str:
+    """Help text for an option that the recipes set when it is not given: each recipe's value
+    (with the CPU's where it differs), in place of a [default] that would show the paper's."""
+    plain = getattr(_T if section == "train" else _A, field_name)
+    parts = []
+    for name, recipe in RECIPES.items():
+        value = recipe.get(section, {}).get(field_name, plain)
+        cpu = CPU_RECIPES.get(name, {}).get(section, {})
+        text = f"{name} {value}"
+        if field_name in cpu and cpu[field_name] != value:
+            scoped = [f"{k.rpartition('.')[0]} {v}" for k, v in cpu.items()
+                      if k.endswith(f".{field_name}")]
+            text += f" ({cpu[field_name]} on a CPU" + "".join(f", {x}" for x in scoped) + ")"
+        parts.append(text)
+    return f" Default: the --recipe's ({'; '.join(parts)})."
 
 
 def command(
@@ -135,28 +152,44 @@ def command(
         typer.Option(
             help="bpr: eq. 21 (CML: its hinge). softmax: cross-entropy of the positive against "
             "--neg negatives shared by the batch, logits = -distance / --temperature, "
-            "logQ-corrected, the playlist's own songs masked.",
+            "logQ-corrected, the playlist's own songs masked. The options not given keep the "
+            "recipe's values (--loss bpr alone keeps fullrank's --neg: add --neg 4, or use "
+            "--recipe paper, for the paper's eq. 21)." + _recipe_default("train", "loss"),
+            show_default=False,
         ),
     ] = Loss(_T.loss),
     neg: Annotated[
         int,
-        typer.Option(help="Negatives per positive (bpr), or shared by the batch (softmax)."),
+        typer.Option(
+            help="Negatives per positive (bpr), or shared by the batch (softmax)."
+            + _recipe_default("train", "neg"),
+            show_default=False,
+        ),
     ] = _T.neg,
     neg_sampler: Annotated[
         NegSampler,
         typer.Option(
             help="How negatives are drawn: uniform over the catalog, popularity (proportional "
             "to training occurrences), or mixed (half of each)."
+            + _recipe_default("train", "neg_sampler"),
+            show_default=False,
         ),
     ] = NegSampler(_T.neg_sampler),
     temperature: Annotated[
-        float, typer.Option(help="softmax: logits = -distance / temperature.")
+        float,
+        typer.Option(
+            help="softmax: logits = -distance / temperature."
+            + _recipe_default("train", "temperature"),
+            show_default=False,
+        ),
     ] = _T.temperature,
     select: Annotated[
         Select,
         typer.Option(
             help="Validation protocol that picks the best epoch and that --patience watches: "
             "sampled (the paper's 100 negatives) or full (whole-catalog ranking)."
+            + _recipe_default("train", "select"),
+            show_default=False,
         ),
     ] = Select(_T.select),
     valid_sample: Annotated[
@@ -164,6 +197,8 @@ def command(
         typer.Option(
             help="Validation cases ranked against the whole catalog each epoch (a seeded "
             "subset, the same every epoch); 0 = all."
+            + _recipe_default("train", "valid_sample"),
+            show_default=False,
         ),
     ] = _T.valid_sample,
     neg_mode: Annotated[
@@ -230,7 +265,13 @@ def command(
             "Dense is faster on a GPU at large batches (docs/training.md).",
         ),
     ] = _T.sparse,
-    eps: Annotated[float, typer.Option(help="APR noise size ε (eqs. 23-24).")] = _A.eps,
+    eps: Annotated[
+        float,
+        typer.Option(
+            help="APR noise size ε (eqs. 23-24)." + _recipe_default("adversarial", "eps"),
+            show_default=False,
+        ),
+    ] = _A.eps,
     reg_adv: Annotated[
         float, typer.Option(help="APR weight λ_δ of the adversarial loss (eq. 23).")
     ] = _A.reg_adv,
@@ -244,8 +285,9 @@ def command(
     entity: Annotated[
         Entity | None,
         typer.Option(
-            help="Baselines mfbpr, cml, als: model user -> song or playlist -> song (the paper ran "
-            "both and reported the better) (default: playlist).",
+            help="Baselines: model user -> song or playlist -> song (the paper ran both and "
+            "reported the better). Default playlist for mfbpr, cml, als, neumf, cmn; user for "
+            "the sequential prme, transrec, caser.",
             show_default=False,
         ),
     ] = None,
@@ -256,21 +298,19 @@ def command(
             metavar="NAME=VALUE",
             help="A model hyper-parameter, repeatable: e.g. --set shrink=10 --set alpha=0.75 "
             "(itemknn: alpha, shrink, neighbours; ease: reg; als: reg, confidence, iterations, "
-            "cg_steps; mfbpr: song_bias; cml: margin; fism: alpha; mdr, mass: dropout, "
+            "cg_steps; mfbpr: song_bias; cml: margin; fism: alpha; neumf: layers (1-3); cmn: "
+            "hops (1-4); caser: window (4-10); mdr, mass: dropout, init_std (none = 1/d), "
             "dropout_mode = element (the paper's, per element) or row (one mask per row and "
             "dimension, shared by its candidates: keeps the GEMM form of --loss softmax, "
-            "docs/training.md)). `--reg` also sets ease/als's L2 weight.",
+            "docs/training.md), for mass also shared (one mask per row, candidate and "
+            "dimension, shared by the members); mass: attention = mem-metric (the paper's), "
+            "mem-dot, nonmem-metric, nonmem-dot or none (Table 4)). MODEL.NAME=VALUE sets one "
+            "model's "
+            "runs only (--set mdr.init_std=none). `--reg` also sets ease/als's L2 weight.",
             show_default=False,
         ),
     ] = None,
-    threads: Annotated[
-        int,
-        typer.Option(
-            help="CPU threads for PyTorch; 0 = the cores not kept busy by other work (1-minute "
-            "load average), at least 1, said on stderr. On a busy machine more threads than "
-            "free cores are several times slower.",
-        ),
-    ] = 0,
+    threads: Threads = 0,
     compile_: Annotated[
         bool,
         typer.Option(
@@ -350,11 +390,13 @@ def command(
     name = model.value if isinstance(model, enum.Enum) else str(model)
     if _given(ctx, "reg"):  # closed-form ease/als take --reg as their own L2 weight
         options.model["reg"] = reg
+    settings: dict[str, object] = {}
     if set_:
         from masr.models import parse_settings
         from masr.runs import plan, run_spec
 
-        options.model.update(parse_settings([run_spec(r).model for r in plan(name)], set_))
+        settings = parse_settings([run_spec(r).model for r in plan(name)], set_)
+        options.model.update(settings)
     explicit = {p for p in OPTION_PATHS if _given(ctx, p)}
     from masr.runs import default_recipe
     from masr.train import resolve_device
@@ -364,23 +406,15 @@ def command(
     if resume:
         saved = saved_options(runs, name)
         if saved is not None:
-            options = options.merged(saved, explicit)
+            given_again = {*settings, *(("reg",) if "reg" in options.model else ())}
+            options = options.merged(saved, explicit, given_again)
     if threads < 0:
         raise MasrError("--threads must be >= 0 (0 = the free cores)")
     from masr.distributed import init_from_env, shutdown
 
     ranks = init_from_env(options.device)  # under torchrun: join the process group
     prepared = load_prepared(data)
-    if options.device != "cuda":
-        import torch
-
-        from masr.system import cpu_threads
-
-        n_threads, why = cpu_threads(threads)
-        torch.set_num_threads(n_threads)
-        first_line = "" if threads else f"using {why}"
-    else:
-        first_line = ""
+    first_line = cpu_threads_line(threads, options.device)
     if ranks.distributed and ranks.is_main:
         first_line = f"{first_line}; " if first_line else ""
         first_line += f"data-parallel over {ranks.size} processes (torch.distributed)"
@@ -393,7 +427,7 @@ def command(
                 options,
                 resume=resume,
                 progress=progress,
-                log=log_line if ranks.is_main else None,
+                log=progress.say if ranks.is_main else None,
             )
     finally:
         shutdown()
@@ -418,7 +452,10 @@ def command(
         )
     console.print(table)
     console.print(
-        f"[green]done[/green]: {runs / name / 'best.pt'}; next: masr evaluate --runs {runs}"
+        f"[green]done[/green]: {runs / name / 'best.pt'}; next: masr evaluate"
+        + ("" if data == Path("data") else f" --data {data}")
+        + ("" if runs == Path("runs") else f" --runs {runs}"),
+        soft_wrap=True,  # one line: the command copies whole
     )
 
 
@@ -457,13 +494,22 @@ class RichProgress:
         if self._live:
             self._bars.__exit__(*exc)  # type: ignore[arg-type]
 
+    def say(self, message: str) -> None:
+        """One log line on stderr, after the first line if not said yet (a run that only fits,
+        fuses or reuses says its thread choice too)."""
+        self._say_first_line()
+        log_line(message)
+
+    def _say_first_line(self) -> None:
+        if self._first_line:
+            log_line(self._first_line)
+            self._first_line = ""
+
     def start(self, title: str, epochs: int, steps: int, first_epoch: int) -> None:
         if not self._live:
             self._bars.__enter__()
             self._live = True
-        if self._first_line:
-            log_line(self._first_line)
-            self._first_line = ""
+        self._say_first_line()
         self._title, self._total = title, epochs
         self._epochs = self._bars.add_task(
             f"{title} epochs", total=epochs, completed=first_epoch - 1, info=""

@@ -158,3 +158,73 @@ def test_help_teaches():
         assert option in result.stdout
     assert "k-core" in result.stdout
     assert "--out" in runner.invoke(app, ["synth", "--help"]).stdout
+
+
+def test_prep_never_replaces_what_is_not_its_own_output(tmp_path, monkeypatch):
+    """--out is replaced whole, so prep refuses a folder of other files, the input itself, a
+    folder holding the input and the working folder; it replaces an earlier prep output."""
+    src = tmp_path / "s.csv"
+    _ok(["synth", "--out", str(src), "--users", "40"])
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("precious")
+    _fails(["prep", str(src), "--out", str(other)], "no manifest.json")
+    assert (other / "keep.txt").read_text() == "precious"
+    _fails(["prep", str(src), "--out", str(src)], "is the input")
+    assert src.is_file()
+    _fails(["prep", str(src), "--out", str(tmp_path)], "holds the input")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    _fails(["prep", str(src), "--out", "."], "current folder")
+    _fails(["prep", str(src), "--out", str(work)], "current folder")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no .old left
+    monkeypatch.chdir(tmp_path)
+    _ok(["prep", str(src), "--out", str(tmp_path / "data")])
+    _ok(["prep", str(src), "--out", str(tmp_path / "data")])  # its own output: replaced
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _ok(["prep", str(src), "--out", str(empty)])
+
+
+def test_prep_refuses_data_without_validation_or_test_cases(tmp_path):
+    rows = "".join(f"u{p},p{p},t{p}{t}\n" for p in range(3) for t in range(5))
+    path = _write(tmp_path / "apart.csv", ("user_id,playlist_id,track_id\n" + rows).encode())
+    _fails(["prep", path, "--out", str(tmp_path / "out")], "no validation and no test case")
+    assert not (tmp_path / "out").exists()
+
+
+def test_positions_beyond_int32_are_kept(tmp_path):
+    """Millisecond timestamps as positions: prep keeps them (Int64) and their order."""
+    src = tmp_path / "s.csv"
+    _ok(["synth", "--out", str(src), "--users", "40"])
+    frame = pl.read_csv(src)
+    stamped = tmp_path / "stamped.csv"
+    frame.with_columns(pl.col("position").cast(pl.Int64) * 1000 + 1_700_000_000_000).write_csv(
+        stamped
+    )
+    _ok(["prep", str(src), "--out", str(tmp_path / "a")])
+    _ok(["prep", str(stamped), "--out", str(tmp_path / "b")])
+    a = pl.read_parquet(tmp_path / "a" / "train.parquet")
+    b = pl.read_parquet(tmp_path / "b" / "train.parquet")
+    assert b.schema["position"] == pl.Int64 and a.drop("position").equals(b.drop("position"))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["synth", "--users", "5", "--seed", "-1", "--out", "{t}/s.csv"],
+        ["prep", "--seed", "-1", "--out", "{t}/o"],
+        ["prep", "--seed", str(2**64), "--out", "{t}/o"],
+    ],
+)
+def test_seeds_out_of_range_are_one_line(tmp_path, args):
+    _fails([a.format(t=tmp_path) for a in args], "--seed")
+
+
+def test_synth_writes_csv_to_stdout_and_refuses_unknown_types(tmp_path):
+    result = _ok(["synth", "--users", "5", "--out", "-"])
+    assert result.stdout.startswith("user_id,playlist_id,track_id,position")
+    assert not (tmp_path / "-").exists()
+    _fails(["synth", "--users", "5", "--out", str(tmp_path / "s.json")], "unknown file type")
+    assert not (tmp_path / "s.json").exists()

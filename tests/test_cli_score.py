@@ -301,3 +301,40 @@ def test_two_stage_export_and_score_round_trip(tmp_path: Path, runs: Path, model
     one_part = runner.invoke(app, [*args, "--model", "mdr", "--candidates", "5"])
     assert one_part.exit_code == 1 and "--candidates: mdr is one part" in one_part.stderr
     assert "--candidates" in runner.invoke(app, ["export", "--help"]).stdout
+
+
+def test_out_dash_is_stdout_and_short_playlists_count_against_k(
+    tmp_path: Path, model: Path
+) -> None:
+    """--out - writes to stdout (as --json - does elsewhere); a --k above the catalog (48
+    songs) leaves every playlist short of K, and the summary counts them all."""
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    result = runner.invoke(app, ["score", str(src), "--model", str(model), "--out", "-",
+                                 "--k", "500"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("playlist_id,rank,track_id,score")
+    assert not (Path.cwd() / "-").exists()
+    recs = pl.read_csv(result.stdout.encode())
+    assert recs.group_by("playlist_id").len()["len"].max() <= 48
+    summary = next(line for line in result.stderr.splitlines() if line.startswith("scored"))
+    assert "2 playlists with fewer than K songs left" in summary
+
+
+def test_a_closed_pipe_stops_scoring_quietly(tmp_path: Path, model: Path) -> None:
+    """`masr score ... | head -1`: no error line, no traceback, the exit status of a Unix tool
+    whose reader went away (141)."""
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS.rstrip("\n") + "".join(f"\nu{i},q{i},s{i % 40}" for i in range(20000)))
+    code = "from masr_cli.main import run; run()"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "score", str(src), "--model", str(model)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away after one line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "error" not in err and "Traceback" not in err

@@ -345,3 +345,33 @@ def test_evaluate_fusion_at_other_alphas(amasr_runs: tuple[Path, Path, str]) -> 
     assert out["amasr@α=1"]["sampled"] == pytest.approx(out["amdr"]["sampled"], abs=1e-6)
     assert out["amasr@α=0.3"] != out["amasr"]
     _fails([*args, "--model", "amasr", "--alpha", "1.5"], "--alpha 1.5")
+
+
+def test_bad_seeds_fail_before_anything_is_written(tmp_path: Path) -> None:
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["--data", str(data), "--runs", str(runs)]
+    _fails(["train", "--model", "pop", *base, "--seed", "-1"], "--seed")
+    _fails(["train", "--model", "pop", *base, "--seed", str(2**64)], "--seed")
+    assert not runs.exists()
+    _ok(["train", "--model", "pop", *base, "--threads", "1"])
+    _fails(["evaluate", *base, "--full-sample", "5", "--sample-seed", "-1", "--threads", "1"],
+           "--sample-seed")
+
+
+def test_the_next_step_hint_runs_as_printed(tmp_path: Path) -> None:
+    """train's closing hint names --data and --runs when they are not the defaults, and a
+    --resume with nothing to resume says so."""
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    done = _ok(["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *TINY,
+                "--resume"])
+    assert "nothing to resume" in done.stderr
+    hint = done.stderr.split("next: ")[-1].split()
+    assert hint[:2] == ["masr", "evaluate"]
+    assert "--data" in hint and "--runs" in hint
+    _ok([*hint[1:], "--threads", "1"])

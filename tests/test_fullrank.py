@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from masr.config import RECIPES, AdversarialConfig, RunOptions, TrainConfig
 from masr.dataset import PreparedData
+from masr.errors import MasrError
 from masr.models.base import Batch
 from masr.models.mass import MASS, MASSConfig
 from masr.models.mdr import MDR, MDRConfig
@@ -717,3 +718,47 @@ def test_playlist_grouped_scores_equal_the_plain_path_with_gradients(
                                    strict=True):
             assert torch.allclose(a.to_dense(), b.to_dense(), atol=1e-9), (max_members, name,
                                                                            member_dropout)
+
+
+def test_resume_keeps_the_recipe_and_the_settings_of_the_run(tmp_path: Path) -> None:
+    """--resume without --recipe or --set continues with the run's own: its recipe's model
+    values (the paper's dropout, not fullrank's) and its --set ones (MASS's attention)."""
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["--data", str(data), "--runs", str(runs), *FAST]
+    _train(["--model", "mdr", *base, "--recipe", "paper", "--epochs", "1"])
+    _train(["--model", "mdr", *base, "--epochs", "2", "--resume"])
+    info = json.loads((runs / "mdr" / "run.json").read_text())
+    assert info["options"]["recipe"] == "paper" and info["train_config"]["loss"] == "bpr"
+    assert info["model_config"]["dropout"] == 0.2 and info["model_config"]["init_std"] is None
+    assert [h["epoch"] for h in info["history"]] == [1, 2]
+    other = tmp_path / "other"
+    base = ["--data", str(data), "--runs", str(other), *FAST]
+    _train(["--model", "mass", *base, "--set", "attention=mem-dot", "--epochs", "1"])
+    _train(["--model", "mass", *base, "--epochs", "2", "--resume"])
+    info = json.loads((other / "mass" / "run.json").read_text())
+    assert info["model_config"]["attention"] == "mem-dot"
+    assert [h["epoch"] for h in info["history"]] == [1, 2]
+    # a setting given again must match the run's: a different one is refused
+    result = runner.invoke(app, ["train", "--model", "mass", *base, "--epochs", "3", "--resume",
+                                 "--set", "attention=mem-metric"])
+    assert result.exit_code == 1 and "attention" in result.stderr
+
+
+def test_set_none_overrides_a_recipe_value() -> None:
+    """--set mdr.init_std=none asks for the model's own default (1/d) under a recipe that sets
+    init_std; an unset option (dim None) still takes nothing from the recipe."""
+    from masr.runs.registry import model_config
+
+    chosen = RunOptions(model={"dim": None, "mdr.init_std": None})
+    recipe = chosen.with_recipe("fullrank", set(), "cpu")
+    assert model_config("mdr", recipe.model).init_std is None
+    plain = RunOptions(model={"dim": None}).with_recipe("fullrank", set(), "cpu")
+    assert model_config("mdr", plain.model).init_std == 0.002
+    from masr.models import parse_settings
+
+    assert parse_settings(["mdr"], ["mdr.init_std=none"]) == {"mdr.init_std": None}
+    with pytest.raises(MasrError, match=r"'abc' is not a valid float \(or none\)"):
+        parse_settings(["mdr"], ["init_std=abc"])

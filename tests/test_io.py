@@ -27,6 +27,9 @@ def _frame() -> pl.DataFrame:
         ("in.tsv.gz", "tsv+gzip"),
         ("in.parquet", "parquet"),
         ("in.data", "csv"),
+        ("tabs.csv", "tsv"),  # a tab-separated header, whatever the name
+        ("tabs.gz", "tsv+gzip"),
+        ("tabs.txt", "tsv"),
     ],
 )
 def test_formats(tmp_path, name, fmt):
@@ -80,6 +83,18 @@ def test_parquet_integer_ids_become_strings(tmp_path):
     raw = read_interactions(path)
     assert raw.frame["track"].to_list() == ["5", "6"]
     assert raw.frame["position"].dtype == pl.Int64
+
+
+def test_parquet_float_ids_keep_their_whole_numbers(tmp_path):
+    """Ids written as floats (pandas with missing values does it) read as the integers they
+    hold, as the same ids written as integers; a real fraction stays as written."""
+    path = tmp_path / "floats.parquet"
+    pl.DataFrame(
+        {"user_id": [1.0, 2.0], "playlist_id": [10.0, 20.5], "track_id": [143.0, 6.0]}
+    ).write_parquet(path)
+    raw = read_interactions(path)
+    assert raw.frame["track"].to_list() == ["143", "6"]
+    assert raw.frame["playlist"].to_list() == ["10", "20.5"]
 
 
 def _error(path, columns=None) -> str:
@@ -157,3 +172,19 @@ def test_bad_position(tmp_path):
     path = tmp_path / "pos.csv"
     path.write_text("user_id,playlist_id,track_id,position\nu,p,t1,0\nu,p,t2,first\n")
     assert "position" in _error(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (lambda d: __import__("bz2").compress(d), "bzip2-compressed"),
+        (lambda d: __import__("lzma").compress(d), "xz-compressed"),
+        (lambda d: gzip.compress(gzip.compress(d)), "gzipped twice"),
+        (lambda d: bytes(range(256)) * 8, "binary content"),
+        (lambda d: b"\x00\x01" + d, "binary content"),
+    ],
+)
+def test_unreadable_formats_are_named(tmp_path, content, needle):
+    path = tmp_path / "in.csv"
+    path.write_bytes(content(_frame().write_csv().encode()))
+    assert needle in _error(path)

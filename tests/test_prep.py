@@ -310,8 +310,8 @@ def test_embedded_default_is_deterministic(tmp_path):
 
 def test_rerun_replaces_output_and_nothing_left_half_written(small_csv, tmp_path):
     out = tmp_path / "data"
-    out.mkdir()
-    (out / "stale.txt").write_text("old")
+    prepare(small_csv, out, config=PrepConfig(negatives=3))
+    (out / "stale.txt").write_text("old")  # beside an earlier output: replaced whole
     prepare(small_csv, out, config=PrepConfig(negatives=5))
     assert not (out / "stale.txt").exists()
     before = sorted(p.name for p in tmp_path.iterdir())

@@ -135,3 +135,30 @@ def test_large_tensors_come_from_the_heap_unless_the_user_says_no() -> None:
     for opt_out in ({masr.system.HEAP_SWITCH: "0"}, {"MALLOC_MMAP_THRESHOLD_": "131072"}):
         kept, mapped = _mapped_bytes_of_a_block({masr.system.HEAP_SWITCH: None, **opt_out})
         assert not kept and mapped >= 100 << 20
+
+
+def test_every_torch_command_says_its_automatic_thread_count(tmp_path) -> None:
+    """train (a closed-form fit too: no training phase), evaluate and reproduce take --threads;
+    without it they say the count they chose on stderr, with it they say nothing of it."""
+    import torch
+    from conftest import write_planted
+    from typer.testing import CliRunner
+
+    from masr_cli.main import app
+
+    runner = CliRunner()
+    threads = torch.get_num_threads()
+    data = write_planted(tmp_path / "data")
+    runs = ["--data", str(data), "--runs", str(tmp_path / "runs")]
+    try:
+        for args in (["train", "--model", "pop", *runs], ["evaluate", *runs]):
+            said = runner.invoke(app, args)
+            assert said.exit_code == 0, (said.stderr, said.exception)
+            assert "CPU thread(s)" in said.stderr.splitlines()[0]
+            quiet = runner.invoke(app, [*args, "--threads", "1"])
+            assert quiet.exit_code == 0 and "CPU thread(s)" not in quiet.stderr
+            assert torch.get_num_threads() == 1
+        bad = runner.invoke(app, ["reproduce", "--data", str(data), "--threads", "-1"])
+        assert bad.exit_code == 1 and bad.stderr.startswith("masr: error: --threads")
+    finally:
+        torch.set_num_threads(threads)

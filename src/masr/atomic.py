@@ -6,8 +6,10 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from masr.errors import MasrError
 
 
 def _umask() -> int:
@@ -49,6 +51,39 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
+def check_replaceable_dir(
+    path: str | os.PathLike[str],
+    marker: str,
+    option: str = "--out",
+    inputs: Iterable[str | os.PathLike[str]] = (),
+) -> None:
+    """Refuse (MasrError) an output folder that ``atomic_dir`` must not replace whole: a path
+    that exists and is not a folder (a file, the input itself), a folder that is neither empty
+    nor an earlier output of this kind (no ``marker`` file in it: another program's files, a
+    runs folder), the current folder or one above it, or a folder holding one of ``inputs``."""
+    target = Path(path).resolve()
+    for item in inputs:
+        source = Path(item).resolve()
+        if source == target or target in source.parents:
+            what = "is" if source == target else "holds"
+            raise MasrError(f"{option} {path}: {what} the input {item}; choose another {option}")
+    here = Path.cwd().resolve()
+    if target == here or target in here.parents:
+        raise MasrError(
+            f"{option} {path}: is the current folder or above it, and would be replaced whole; "
+            f"choose a new folder, e.g. {option} data"
+        )
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise MasrError(f"{option} {path}: exists and is not a folder; choose another {option}")
+    if any(target.iterdir()) and not (target / marker).is_file():
+        raise MasrError(
+            f"{option} {path}: a folder with other files in it (no {marker}), which would be "
+            f"replaced whole; choose an empty or new folder, or remove it first"
+        )
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary directory next to ``path``; on success it replaces ``path`` whole.
@@ -65,7 +100,11 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
         old = None
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.replace(path, old / "content")
+            try:
+                os.replace(path, old / "content")
+            except OSError:
+                old.rmdir()
+                raise
         os.replace(tmp, path)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

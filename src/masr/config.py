@@ -18,12 +18,13 @@ exists and no caller has to remember to validate it. Check messages name the CLI
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from masr.errors import MasrError
+from masr.seed import MAX_SEED
 
 #: choices of the settings below (the CLI derives its enums from these tuples)
 NEG_MODES = ("hardest", "pairs")  # BPR against the closest negative, or against each of them
@@ -171,6 +172,7 @@ class TrainConfig:
                 ("--time-limit", self.time_limit >= 0, "must be >= 0 seconds (0 = no limit)"),
                 ("sort_window", self.sort_window >= 0, "must be >= 0"),
                 ("--batch-by", self.batch_by in BATCH_BY, f"must be one of {_list(BATCH_BY)}"),
+                ("--seed", 0 <= self.seed <= MAX_SEED, "must be in [0, 2^63 - 1]"),
             ]
         )
 
@@ -306,6 +308,14 @@ DEFAULT_RECIPE = "fullrank"
 BASELINE_RECIPE = "paper"
 
 
+def _unset(model: dict[str, Any], key: str) -> bool:
+    """True when ``key`` is not among the model settings: absent, or None for an option that
+    is always there (``--dim``, ``--entity``). A ``--set NAME=none`` is a setting (None asks
+    for the model's own default, e.g. ``init_std`` = 1/d) and keeps a recipe's value away."""
+    model_options = {name for sec, name in OPTION_PATHS.values() if sec == "model"}
+    return key not in model or (model[key] is None and key in model_options)
+
+
 def _paths(explicit: set[str]) -> set[tuple[str, str]]:
     """The ``OPTION_PATHS`` (section, field) of the options given on the command line."""
     return {OPTION_PATHS[p] for p in explicit if p in OPTION_PATHS}
@@ -364,7 +374,7 @@ class RunOptions:
         for k, v in recipe.get("model", {}).items():
             # a MODEL.NAME value yields to --set NAME and --set MODEL.NAME alike
             plain = k.partition(".")[2] or k
-            if ("model", plain) not in given and model.get(plain) is None and model.get(k) is None:
+            if ("model", plain) not in given and _unset(model, plain) and _unset(model, k):
                 model[k] = v
         return replace(
             self,
@@ -396,12 +406,25 @@ class RunOptions:
             compile=bool(values.get("compile", True)),
         )
 
-    def merged(self, saved: RunOptions, explicit: set[str]) -> RunOptions:
+    def merged(
+        self, saved: RunOptions, explicit: set[str], settings: Collection[str] = ()
+    ) -> RunOptions:
         """These options with every ``OPTION_PATHS`` value not named in ``explicit`` (the
         options given on the command line) taken from ``saved`` (``--resume``: an interrupted
-        run continues with the options it was started with)."""
+        run continues with the options it was started with). Without ``--recipe`` in
+        ``explicit`` the model settings are ``saved``'s too (its recipe's and its ``--set``
+        ones), less those given again: ``settings``, the ``--set`` names of this command."""
         sections: dict[str, dict[str, Any]] = {"train": {}, "adversarial": {}, "": {}}
         model = dict(self.model)
+        if "recipe" not in explicit:
+            model_options = {name for p, (sec, name) in OPTION_PATHS.items() if sec == "model"}
+            again = {*settings} | {
+                OPTION_PATHS[p][1] for p in explicit if OPTION_PATHS.get(p, ("",))[0] == "model"
+            }
+            model = {k: v for k, v in saved.model.items() if k not in again}
+            model.update({k: v for k, v in self.model.items() if k in again})
+            for name in model_options - model.keys():  # always present (None: not given)
+                model[name] = self.model.get(name)
         for param, (section, name) in OPTION_PATHS.items():
             if param in explicit:
                 continue
@@ -553,5 +576,6 @@ class ReproduceConfig:
                 ("--attention-cases", self.attention_cases >= 0, "must be >= 0"),
                 ("--entities", self.entities in ENTITY_CHOICES, "must be both or default"),
                 ("--device", self.device in DEVICES, f"must be one of {_list(DEVICES)}"),
+                ("--seed", 0 <= self.seed <= MAX_SEED, "must be in [0, 2^63 - 1]"),
             ]
         )

@@ -18,6 +18,8 @@ import polars as pl
 from masr.errors import MasrError
 
 FORMAT_VERSION = 1
+#: the file that makes a folder a ``masr prep`` output
+MANIFEST = "manifest.json"
 TABLES = ("users", "playlists", "songs", "train", "valid", "test")
 
 
@@ -120,7 +122,12 @@ def _cases(df: pl.DataFrame, playlist_user: np.ndarray) -> Cases:
 def load_prepared(path: str | Path) -> PreparedData:
     """Read a ``masr prep`` output directory; a clear MasrError when it is missing or broken."""
     path = Path(path)
-    manifest_path = path / "manifest.json"
+    manifest_path = path / MANIFEST
+    if path.is_file():
+        raise MasrError(
+            f"{path}: a file, not prepared data; `masr prep {path} --out data` prepares it "
+            "(then --data data)"
+        )
     if not manifest_path.is_file():
         raise MasrError(
             f"{path}: no prepared data here (missing manifest.json); "

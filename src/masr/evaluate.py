@@ -368,7 +368,9 @@ def subsample_cases(cases: Cases, n: int, seed: int = 0) -> Cases:
     """``n`` of ``cases`` drawn without replacement with ``seed`` (kept in case order); all of
     them when ``n`` is 0 or at least their number. The same draw for every model."""
     from masr.dataset import Cases
+    from masr.seed import check_seed
 
+    check_seed(seed, "--sample-seed")
     if n <= 0 or n >= len(cases):
         return cases
     pick = np.sort(np.random.default_rng(seed).choice(len(cases), size=n, replace=False))

@@ -26,6 +26,33 @@ POSITION = "position"
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _PARQUET_MAGIC = b"PAR1"
+#: compressed or archive formats masr does not read, by their first bytes
+_OTHER_MAGIC = {
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"PK\x03\x04": "zip",
+    b"7z\xbc\xaf\x27\x1c": "7z",
+}
+
+
+def _utf8(line: bytes, cut: bool) -> bool:
+    """``line`` decodes as UTF-8 (``cut``: it may end inside a character)."""
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return cut and exc.start >= len(line) - 3 and exc.reason == "unexpected end of data"
+    return True
+
+
+def _text_head(head: bytes, gz: bool) -> bytes:
+    """The first bytes of the text inside ``head`` (inflated when gzipped; as far as the
+    bytes go)."""
+    if not gz:
+        return head
+    try:
+        return zlib.decompressobj(wbits=31).decompress(head, 1 << 16)
+    except zlib.error:
+        return b""  # corrupt: the reader says so
 
 
 @dataclass
@@ -48,18 +75,30 @@ def detect_format(path: Path, head: bytes) -> tuple[str, bool]:
     gz = head.startswith(_GZIP_MAGIC)
     if head.startswith(_PARQUET_MAGIC):
         return "parquet", False
+    text = _text_head(head, gz)
+    for magic, name in _OTHER_MAGIC.items():
+        if text.startswith(magic):
+            raise MasrError(
+                f"{path}: {name}-compressed, which masr does not read; give it as CSV, TSV or "
+                "Parquet, plain or gzipped"
+            )
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] in (".gz", ".gzip"):
         suffixes = suffixes[:-1]
     last = suffixes[-1] if suffixes else ""
     if last in (".parquet", ".pq"):
         return "parquet", gz
+    if gz and text.startswith(_GZIP_MAGIC):
+        raise MasrError(f"{path}: gzipped twice; decompress it once")
+    first_line = text.split(b"\n", 1)[0]
+    if b"\0" in first_line or not _utf8(first_line, cut=len(first_line) == len(text)):
+        raise MasrError(
+            f"{path}: binary content or a header that is not UTF-8 text: not a CSV, TSV or "
+            "Parquet file (plain or gzipped)"
+        )
     if last in (".tsv", ".tab"):
         return "tsv", gz
-    if last == ".csv" or gz:
-        return "csv", gz
-    # no telling suffix: a tab in the first line means TSV
-    first_line = head.split(b"\n", 1)[0]
+    # a header with tabs and no comma is TSV, whatever the name (.csv, .txt, none)
     return ("tsv" if b"\t" in first_line and b"," not in first_line else "csv"), gz
 
 
@@ -132,10 +171,14 @@ def scan(path: Path, kind: str, gz: bool) -> pl.LazyFrame:
     )
 
 
-def id_columns(path: str | Path, names: list[str], wanted: dict[str, str]) -> list[pl.Expr]:
-    """The expressions selecting ``wanted`` ({"user": column name, ...}) from a file with columns
-    ``names`` as Strings named user, playlist, track; a MasrError naming the missing columns, what
+def id_columns(
+    path: str | Path, schema: list[str] | pl.Schema, wanted: dict[str, str]
+) -> list[pl.Expr]:
+    """The expressions selecting ``wanted`` ({"user": column name, ...}) from a file with the
+    columns of ``schema`` (names, or a Schema: float ids then lose a whole number's ".0") as
+    Strings named user, playlist, track; a MasrError naming the missing columns, what
     the file has and the ``--*-col`` options to use instead."""
+    names = list(schema)
     missing = [v for v in wanted.values() if v not in names]
     if missing:
         option = {v: k for k, v in wanted.items()}
@@ -145,7 +188,21 @@ def id_columns(path: str | Path, names: list[str], wanted: dict[str, str]) -> li
             f"{path}: missing column {', '.join(repr(m) for m in missing)} (found: {found}); "
             f"name the right one with {hint}"
         )
-    return [pl.col(v).cast(pl.String).alias(k) for k, v in wanted.items()]
+    dtypes = schema if isinstance(schema, pl.Schema) else {}
+    return [_id_text(pl.col(v), dtypes.get(v)).alias(k) for k, v in wanted.items()]
+
+
+def _id_text(col: pl.Expr, dtype: pl.DataType | None) -> pl.Expr:
+    """An id column as String; a float column's whole numbers without their ".0" (ids written
+    as floats, e.g. by pandas with missing values, are the integers they hold)."""
+    if dtype is None or not dtype.is_float():
+        return col.cast(pl.String)
+    whole = col.is_finite() & (col == col.floor()) & (col.abs() < 2.0**63)
+    return (
+        pl.when(whole)
+        .then(col.cast(pl.Int64, strict=False).cast(pl.String))
+        .otherwise(col.cast(pl.String))
+    )
 
 
 def read_interactions(
@@ -166,8 +223,9 @@ def read_interactions(
     wanted = columns.as_dict()
     try:
         lf = scan(path, kind, gz)
-        names = lf.collect_schema().names()
-        select = id_columns(path, names, wanted)
+        schema = lf.collect_schema()
+        names = schema.names()
+        select = id_columns(path, schema, wanted)
         taken = set(wanted.values())
         if POSITION in names and POSITION not in taken:
             select.append(pl.col(POSITION))

@@ -33,11 +33,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from masr.atomic import atomic_dir
-from masr.dataset import FORMAT_VERSION, fingerprint_of
+from masr.atomic import atomic_dir, check_replaceable_dir
+from masr.dataset import FORMAT_VERSION, MANIFEST, fingerprint_of
 from masr.errors import MasrError
 from masr.io import POSITION, SONG_EXTRAS, Columns, RawInput, read_interactions
 from masr.lock import lock_path, locked
+from masr.seed import check_seed
 
 Log = Callable[[str], None]
 
@@ -74,8 +75,7 @@ class PrepConfig:
             )
         if self.negatives < 1:
             raise MasrError(f"--negatives must be at least 1 (got {self.negatives})")
-        if self.seed < 0:
-            raise MasrError(f"--seed must be non-negative (got {self.seed})")
+        check_seed(self.seed)
 
 
 @dataclass
@@ -407,6 +407,7 @@ def _prepare(
     say = log or (lambda _msg: None)
     t0 = time.perf_counter()
     out = Path(out)
+    check_replaceable_dir(out, MANIFEST, inputs=() if input_path is None else (input_path,))
     if input_path is None:
         raw = _synthetic_input(config.seed, synth_users)
         source = "the embedded dataset"
@@ -480,10 +481,32 @@ def _prepare(
         held[name] = rows_held[ok]
         dropped[name] = int((~ok).sum())
     say(f"cleaned and split in {time.perf_counter() - t0:.2f}s")
+    empty = [name for name in ("valid", "test") if not len(held[name])]
+    why = (
+        f"every held-out song of the {n_playlists:,} playlist(s) kept is in no other "
+        "playlist's training songs"
+    )
+    if len(empty) == 2:
+        raise MasrError(
+            f"no validation and no test case left: {why}, so no model could be validated or "
+            "tested; give more playlists, with songs in common"
+        )
+    if empty:  # e.g. a tiny input: preparing it is fine, say what it lacks
+        say(f"warning: no {empty[0]} case left ({why}): "
+            + ("training cannot choose its epochs" if empty[0] == "valid"
+               else "`masr evaluate` has no test case to score"))
+    if n_catalog < 2 or n_playlists < 2:
+        raise MasrError(
+            f"{n_playlists:,} playlist(s) and {n_catalog:,} catalog song(s) after cleaning: too "
+            "few to train or to sample negatives from; give more playlists"
+        )
 
     position = None
     if enc.position is not None:
-        position = enc.position.gather(pl.Series(rows)).cast(pl.Int32)
+        position = enc.position.gather(pl.Series(rows))
+        low, high = position.min(), position.max()
+        if low is None or (low >= -(2**31) and high < 2**31):  # else Int64 (e.g. timestamps)
+            position = position.cast(pl.Int32)
         enc.position = None
 
     # 5. write
@@ -578,7 +601,7 @@ def _prepare(
         say(f"sampled negatives in {time.perf_counter() - t0:.2f}s")
         manifest["seconds"] = round(time.perf_counter() - t0, 3)
         manifest["fingerprint"] = fingerprint_of(manifest)
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     say(f"wrote {out} in {time.perf_counter() - t0:.2f}s")
     return PrepResult(manifest=manifest, out=out)
 

@@ -75,8 +75,10 @@ def evaluate_runs(
         if n == "all":
             found = available_runs(runs_dir)
             if not found:
+                data_opt = "" if Path(data.path) == Path("data") else f" --data {data.path}"
                 raise MasrError(
-                    f"{runs_dir}: no trained runs; run `masr train --model amasr --runs {runs_dir}`"
+                    f"{runs_dir}: no trained runs; run `masr train --model amasr{data_opt} "
+                    f"--runs {runs_dir}`"
                 )
             wanted += [r for r in found if r not in wanted]
         elif n not in wanted:

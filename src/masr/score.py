@@ -345,12 +345,12 @@ def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
     head = check_file(path)
     lf = scan(path, *detect_format(path, head))
     try:
-        names = lf.collect_schema().names()
+        schema = lf.collect_schema()
     except pl.exceptions.NoDataError:
         raise MasrError(f"{path}: empty file (no header or data)") from None
     except Exception as exc:
         raise MasrError(f"{path}: unreadable file ({one_line(exc)})") from None
-    lf = lf.select(id_columns(path, names, columns.as_dict()))
+    lf = lf.select(id_columns(path, schema, columns.as_dict()))
     try:
         empty = lf.head(1).collect().height == 0
     except Exception as exc:  # polars raises several error types for malformed files
@@ -676,7 +676,8 @@ def _write_all(
     for frame in _playlist_chunks(input, config.columns, config.read_rows):
         prepared = _prepare(frame, model, summary)
         songs, scores = model.recommend(prepared.users, prepared.playlists, prepared.members, k)
-        summary.short_playlists += int((~np.isfinite(scores[:, -1])).sum())
+        # fewer than the --k asked for (k itself is at most the catalog)
+        summary.short_playlists += int((np.isfinite(scores).sum(1) < config.k).sum())
         _rows_out(prepared, songs, scores, model).write_csv(fh, include_header=False)
         fh.flush()
 

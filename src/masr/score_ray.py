@@ -218,7 +218,7 @@ def score_ray(
             lengths = np.array([len(m) for m in prepared.members], dtype=np.int64)
             # fewer than K rows exactly where fewer than K non-members are left: the graph
             # excludes members, and a two-stage export proposes N >= K songs (_two_stage)
-            summary.short_playlists += int((driver.n_songs - lengths < k).sum())
+            summary.short_playlists += int((driver.n_songs - lengths < config.k).sum())
             plan = plan_batches(prepared.users, lengths, per_call, max_cells=driver.max_cells)
             size = math.ceil(len(lengths) / (BLOCKS_PER_ACTOR * actors))
             first = ends[-1] if ends else 0

@@ -8,6 +8,18 @@ import sys
 
 import numpy as np
 
+#: seeds are in [0, MAX_SEED]: what every generator masr seeds accepts (PyTorch's is 64-bit
+#: signed on the way in; NumPy refuses negatives)
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: int, option: str = "--seed") -> None:
+    """One clear MasrError for a seed outside [0, MAX_SEED]."""
+    if not 0 <= seed <= MAX_SEED:
+        from masr.errors import MasrError
+
+        raise MasrError(f"{option} must be in [0, 2^63 - 1] (got {seed})")
+
 
 def set_seed(seed: int, *, deterministic: bool = True) -> np.random.Generator:
     """Seed Python, NumPy and (when it is imported or importable) PyTorch.
@@ -16,6 +28,7 @@ def set_seed(seed: int, *, deterministic: bool = True) -> np.random.Generator:
     NumPy randomness explicitly. PyTorch is only seeded when it is already imported, so that
     torch-free code paths (ONNX scoring) never import it.
     """
+    check_seed(seed)
     random.seed(seed)
     np.random.seed(seed % (2**32))
     os.environ.setdefault("PYTHONHASHSEED", str(seed))

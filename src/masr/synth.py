@@ -17,9 +17,11 @@ chunks of users, so the 30M-row benchmark input is made in bounded memory.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import polars as pl
@@ -458,12 +460,19 @@ def write_synthetic(path: str | Path, cfg: SynthConfig | None = None) -> int:
     """
     cfg = cfg or SynthConfig()
     cfg.validate()
+    if str(path) == "-":  # CSV on stdout
+        return _write_csv_stream(sys.stdout.buffer, cfg)
     path = Path(path)
     if path.is_dir():
         raise MasrError(f"{path}: is a directory; --out needs a file name such as playlists.csv")
     suffixes = [s.lower() for s in path.suffixes]
     gz = bool(suffixes) and suffixes[-1] == ".gz"
     kind = suffixes[-2] if gz and len(suffixes) > 1 else (suffixes[-1] if suffixes else ".csv")
+    if kind not in (".csv", ".tsv", ".tab", ".parquet", ".pq"):
+        raise MasrError(
+            f"{path}: unknown file type {kind!r}; --out takes .csv, .tsv or .parquet "
+            "(.csv.gz and .tsv.gz gzipped), or - for CSV on stdout"
+        )
     rows_per_user = max(1.0, cfg.playlists_per_user * cfg.songs_per_playlist)
     chunk_users = max(1000, int(CHUNK_ROWS / rows_per_user))
     rows = 0
@@ -479,11 +488,19 @@ def write_synthetic(path: str | Path, cfg: SynthConfig | None = None) -> int:
         sep = "\t" if kind in (".tsv", ".tab") else ","
         opener = _gzip_writer if gz else open
         with opener(tmp, "wb") as fh:
-            header = True
-            for chunk in iter_synthesize(cfg, chunk_users):
-                chunk.write_csv(fh, separator=sep, include_header=header)
-                header = False
-                rows += chunk.height
+            rows = _write_csv_stream(fh, cfg, sep)
+    return rows
+
+
+def _write_csv_stream(fh: IO[bytes], cfg: SynthConfig, sep: str = ",") -> int:
+    """The synthetic table as CSV (``sep``-separated) into ``fh``, chunk by chunk; its rows."""
+    rows_per_user = max(1.0, cfg.playlists_per_user * cfg.songs_per_playlist)
+    chunk_users = max(1000, int(CHUNK_ROWS / rows_per_user))
+    rows, header = 0, True
+    for chunk in iter_synthesize(cfg, chunk_users):
+        chunk.write_csv(fh, separator=sep, include_header=header)
+        header = False
+        rows += chunk.height
     return rows
 
 

@@ -107,6 +107,11 @@ def _parse_value(item: str, text: str, default: object, annotation: str) -> obje
         if isinstance(default, float) or annotation.startswith("float"):
             return float(text)
     except ValueError:
-        kind = "bool" if isinstance(default, bool) else type(default).__name__
+        if isinstance(default, bool):
+            kind = "bool"
+        elif default is None:  # "float | None": a float, or none for the model's own default
+            kind = f"{annotation.split('|')[0].strip()} (or none)"
+        else:
+            kind = type(default).__name__
         raise MasrError(f"--set {item}: {text!r} is not a valid {kind}") from None
     return text

@@ -190,6 +190,8 @@ def _build(
             f"{recorded} -> {start_epochs}); starting it again from the new best"
         )
         can_resume = False
+    if resume and info is None and not (run_dir / "last.pt").is_file():
+        log(f"{run}: nothing to resume in {run_dir} (no last.pt); training it from the start")
     if can_resume:
         resume_state = load_checkpoint(run_dir / "last.pt")
         model = build_model(resume_state, device)
