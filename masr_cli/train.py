@@ -415,6 +415,13 @@ def command(
     ranks = init_from_env(options.device)  # under torchrun: join the process group
     prepared = load_prepared(data)
     first_line = cpu_threads_line(threads, options.device)
+    from masr.runs.registry import unused_options
+
+    unused = unused_options(name, explicit)
+    if unused:  # said with the first line: a command that fails keeps its one error line
+        names = ", ".join("--" + o.replace("_", "-") for o in unused)
+        note = f"note: {names} not used by {name} (no run of it reads them)"
+        first_line = f"{first_line}\n{note}" if first_line else note
     if ranks.distributed and ranks.is_main:
         first_line = f"{first_line}; " if first_line else ""
         first_line += f"data-parallel over {ranks.size} processes (torch.distributed)"
@@ -501,9 +508,9 @@ class RichProgress:
         log_line(message)
 
     def _say_first_line(self) -> None:
-        if self._first_line:
-            log_line(self._first_line)
-            self._first_line = ""
+        for line in self._first_line.splitlines():
+            log_line(line)
+        self._first_line = ""
 
     def start(self, title: str, epochs: int, steps: int, first_epoch: int) -> None:
         if not self._live:

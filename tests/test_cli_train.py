@@ -375,3 +375,21 @@ def test_the_next_step_hint_runs_as_printed(tmp_path: Path) -> None:
     assert hint[:2] == ["masr", "evaluate"]
     assert "--data" in hint and "--runs" in hint
     _ok([*hint[1:], "--threads", "1"])
+
+
+def test_options_no_run_reads_are_said_not_dropped_silently(tmp_path: Path) -> None:
+    from conftest import write_planted
+
+    from masr.runs.registry import unused_options
+
+    assert unused_options("pop", {"loss", "dim", "seed"}) == ["dim", "loss"]
+    assert unused_options("mdr", {"entity", "eps", "lr"}) == ["entity", "eps"]
+    assert unused_options("amasr", {"eps", "dim", "loss"}) == []
+    assert unused_options("fism", {"entity"}) == ["entity"]
+    assert unused_options("mfbpr", {"entity"}) == []
+    data = write_planted(tmp_path / "data")
+    base = ["--data", str(data), "--runs", str(tmp_path / "runs"), "--threads", "1"]
+    said = _ok(["train", "--model", "pop", *base, "--loss", "softmax"])
+    assert "note: --loss not used by pop" in said.stderr
+    # a command that fails keeps its one error line
+    _fails(["train", "--model", "pop", *base, "--loss", "softmax", "--set", "nope=1"], "--set")

@@ -243,3 +243,34 @@ def run_order(names: Sequence[str]) -> list[str]:
     middle = sorted(n for n in names if n not in rank and n not in ours)
     last = [n for n in ours if n in names]
     return first + middle + last
+
+
+#: command-line options (``OPTION_PATHS`` names) of gradient training, and of APR
+TRAINING_OPTIONS = (
+    "epochs", "batch_size", "lr", "loss", "neg", "neg_mode", "neg_sampler", "temperature",
+    "select", "valid_sample", "max_members", "member_dropout", "ema", "patience", "time_limit",
+    "sparse", "batch_by",
+)
+APR_OPTIONS = ("adv_epochs", "eps", "reg_adv", "noise", "adv_lr")
+
+
+def unused_options(name: str, given: set[str]) -> list[str]:
+    """The options in ``given`` (``OPTION_PATHS`` names set on the command line) that no run of
+    ``name``'s plan reads: training options for closed-form models (pop, itemknn, ease, als),
+    APR's without an APR run, --entity for models without one, --dim for models without a
+    size. ``masr train`` says them on stderr rather than ignoring them silently."""
+    from masr.models import model_class
+
+    runs = [run_spec(r) for r in plan(name)]
+    classes = [model_class(spec.model) for spec in runs]
+    fields_of = [{f.name for f in fields(cls.config_class)} for cls in classes]
+    trained = any(cls.trainable for cls in classes)
+    unused = []
+    for option in sorted(given):
+        if option in TRAINING_OPTIONS and not trained:
+            unused.append(option)
+        elif option in APR_OPTIONS and not any(s.procedure == "apr" for s in runs):
+            unused.append(option)
+        elif option in ("entity", "dim") and not any(option in f for f in fields_of):
+            unused.append(option)
+    return unused
