@@ -53,14 +53,15 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 def check_replaceable_dir(
     path: str | os.PathLike[str],
-    marker: str,
+    marker: str | None,
     option: str = "--out",
     inputs: Iterable[str | os.PathLike[str]] = (),
 ) -> None:
     """Refuse (MasrError) an output folder that ``atomic_dir`` must not replace whole: a path
     that exists and is not a folder (a file, the input itself), a folder that is neither empty
     nor an earlier output of this kind (no ``marker`` file in it: another program's files, a
-    runs folder), the current folder or one above it, or a folder holding one of ``inputs``."""
+    runs folder; not checked for ``marker`` None, where the caller knows its own outputs), the
+    current folder or one above it, or a folder holding one of ``inputs``."""
     target = Path(path).resolve()
     for item in inputs:
         source = Path(item).resolve()
@@ -77,7 +78,7 @@ def check_replaceable_dir(
         return
     if not target.is_dir():
         raise MasrError(f"{option} {path}: exists and is not a folder; choose another {option}")
-    if any(target.iterdir()) and not (target / marker).is_file():
+    if marker is not None and any(target.iterdir()) and not (target / marker).is_file():
         raise MasrError(
             f"{option} {path}: a folder with other files in it (no {marker}), which would be "
             f"replaced whole; choose an empty or new folder, or remove it first"

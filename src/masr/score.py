@@ -40,7 +40,7 @@ from typing import IO, Any
 import numpy as np
 import polars as pl
 
-from masr.atomic import atomic_file
+from masr.atomic import atomic_file, check_replaceable_dir
 from masr.config import ScoreConfig
 from masr.errors import MasrError
 from masr.io import Columns, check_file, detect_format, id_columns, one_line, scan
@@ -622,6 +622,7 @@ def check_paths(input: Path, out: str | Path | None, config: ScoreConfig) -> Non
         out = Path(out)
         if out.exists() and not out.is_dir():
             raise MasrError(f"--out {out}: is a file; --format parquet writes a directory")
+        check_replaceable_dir(out, None, inputs=(input,))  # replaced whole: not the input's
         if out.is_dir() and any(not p.name.endswith(".parquet") for p in out.iterdir()):
             raise MasrError(
                 f"--out {out}: holds other files than Parquet parts; give a new directory"
