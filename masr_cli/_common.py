@@ -125,16 +125,41 @@ def _quiet_stdout() -> None:
         pass
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, ``docker stop``, a batch scheduler) raised in the main
+    thread: unwinds like Ctrl-C, so runs are marked interrupted, locks released and temporary
+    files removed, then exits with 143."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _catch_sigterm() -> None:
+    """Route SIGTERM to ``Terminated`` (main thread only; elsewhere signals cannot be set)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        try:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError):  # not settable here: the default (exit at once) stays
+            pass
+
+
 def handle_errors(func: F) -> F:
-    """Turn MasrError, Ctrl-C and OS errors (ENOSPC, EACCES) into one clear line on stderr and a
-    non-zero exit."""
+    """Turn MasrError, Ctrl-C, SIGTERM and OS errors (ENOSPC, EACCES) into one clear line on
+    stderr and a non-zero exit."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _catch_sigterm()
         try:
             return func(*args, **kwargs)
         except MasrError as exc:
             raise fail(str(exc)) from None
+        except Terminated:
+            raise fail("terminated (SIGTERM)", 143) from None
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
         except MemoryError:

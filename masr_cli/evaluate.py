@@ -130,6 +130,12 @@ def command(
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise MasrError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
+    if json_out not in (None, "-"):  # before the evaluation, not after it
+        target = Path(json_out)
+        if not json_out.strip() or target.is_dir():
+            raise MasrError(f"--json {json_out!r}: give a file name (or - for stdout)")
+        if plot is not None and target.resolve() == plot.resolve():
+            raise MasrError(f"--json {json_out}: the same file as --plot; give two names")
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, device.value))
     names = model or ["all"]

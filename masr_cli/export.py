@@ -110,7 +110,11 @@ def command(
         external_data=external_data,
         candidates=candidates,
     )
+    from masr.atomic import remove_leftovers
+
     with locked(lock_path(out), "masr export"):  # one writer per --out (OUT.lock)
+        if remove_leftovers(out):  # a killed export's temporary files
+            log_line(f"removed the temporary files of an earlier, killed export to {out}")
         result = export_model(runs, out, config, log=log_line)
     meta = result.metadata
     console.print(

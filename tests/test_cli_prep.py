@@ -90,6 +90,16 @@ def test_synth_parquet_matches_embedded_prep(tmp_path):
         a = pl.read_parquet(tmp_path / "a" / f"{name}.parquet")
         b = pl.read_parquet(tmp_path / "b" / f"{name}.parquet")
         assert a.equals(b), name
+    # the same data has one fingerprint, wherever it came from (runs trained on one are
+    # evaluable with the other); a copy under another name and path too
+    copy = tmp_path / "elsewhere" / "renamed.parquet"
+    copy.parent.mkdir()
+    copy.write_bytes(src.read_bytes())
+    _ok(["prep", str(copy), "--out", str(tmp_path / "c"), "--negatives", "5"])
+    prints = {load_prepared(tmp_path / d).fingerprint for d in ("a", "b", "c")}
+    assert len(prints) == 1
+    _ok(["prep", str(src), "--out", str(tmp_path / "d"), "--negatives", "6"])
+    assert load_prepared(tmp_path / "d").fingerprint not in prints
 
 
 def _fails(args: list[str], *needles: str) -> str:

@@ -338,3 +338,31 @@ def test_a_closed_pipe_stops_scoring_quietly(tmp_path: Path, model: Path) -> Non
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "error" not in err and "Traceback" not in err
+
+
+def test_an_interrupted_export_leaves_the_former_one_whole(
+    tmp_path: Path, runs: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while a new export is checked: the id maps, model and metadata already there
+    still belong together (score works with them) and no temporary file is left."""
+    import shutil
+
+    import onnx.checker
+
+    out = tmp_path / "ex" / model.name  # the files name each other: the same names
+    shutil.copytree(model.parent, out.parent)
+    before = {f.name: f.read_bytes() for f in out.parent.iterdir()}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(onnx.checker, "check_model", interrupted)
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(out),
+                                 "--alpha", "0.3"])
+    assert result.exit_code == 130, result.stderr
+    monkeypatch.undo()
+    assert {f.name: f.read_bytes() for f in out.parent.iterdir()} == before
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    scored = runner.invoke(app, ["score", str(src), "--model", str(out)])
+    assert scored.exit_code == 0, scored.stderr

@@ -393,3 +393,85 @@ def test_options_no_run_reads_are_said_not_dropped_silently(tmp_path: Path) -> N
     assert "note: --loss not used by pop" in said.stderr
     # a command that fails keeps its one error line
     _fails(["train", "--model", "pop", *base, "--loss", "softmax", "--set", "nope=1"], "--set")
+
+
+def test_an_interrupted_run_is_marked_and_readers_say_so(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C (or SIGTERM) mid-run: run.json says "interrupted", evaluate warns that best.pt is
+    only the best epoch so far, and a new train without --resume says it starts again."""
+    from conftest import write_planted
+
+    import masr.train
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *TINY]
+    real = masr.train.train_model
+
+    def stop_after_one_epoch(*args, **kwargs):
+        on_epoch = kwargs["on_epoch"]
+
+        def then_stop(record):
+            on_epoch(record)
+            raise KeyboardInterrupt
+
+        return real(*args, **{**kwargs, "on_epoch": then_stop})
+
+    monkeypatch.setattr(masr.train, "train_model", stop_after_one_epoch)
+    result = runner.invoke(app, base)
+    assert result.exit_code == 130 and "masr: error: interrupted" in result.stderr
+    assert "--resume" in result.stderr
+    monkeypatch.setattr(masr.train, "train_model", real)
+    info = json.loads((runs / "mdr" / "run.json").read_text())
+    assert info["status"] == "interrupted" and len(info["history"]) == 1
+    said = _ok(["evaluate", "--data", str(data), "--runs", str(runs), "--threads", "1"])
+    assert "mdr is not finished (interrupted, after 1 epoch(s))" in said.stderr
+    again = _ok(base)
+    assert "starting again" in again.stderr
+    done = _ok(["evaluate", "--data", str(data), "--runs", str(runs), "--threads", "1"])
+    assert "not finished" not in done.stderr
+
+
+def test_outputs_inside_the_prepared_data_are_refused(tmp_path: Path) -> None:
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    _fails(["train", "--model", "pop", "--data", str(data), "--runs", str(data / "runs")],
+           "inside the prepared data folder")
+    _fails(["reproduce", "--data", str(data), "--out", str(data / "results"), "--threads", "1"],
+           "inside the prepared data folder")
+    (tmp_path / "afile").write_text("x")
+    _fails(["reproduce", "--data", str(data), "--out", str(tmp_path / "afile"), "--threads",
+            "1"], "is a file")
+
+
+def test_evaluate_checks_its_json_path_before_the_work(tmp_path: Path) -> None:
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    base = ["--data", str(data), "--runs", str(tmp_path / "runs"), "--threads", "1"]
+    _ok(["train", "--model", "pop", *base])
+    _fails(["evaluate", *base, "--json", str(tmp_path)], "give a file name")
+    png = str(tmp_path / "p.png")
+    _fails(["evaluate", *base, "--json", png, "--plot", png], "the same file as --plot")
+    said = _ok(["evaluate", *base, "--alpha", "0.3"])
+    assert "note: --alpha re-weighs fusion runs" in said.stderr
+
+
+def test_a_fusion_made_from_an_earlier_part_is_flagged(tmp_path: Path) -> None:
+    """mdr trained again after masr was fused: evaluate says masr holds the former mdr."""
+    import os
+    import time
+
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["--data", str(data), "--runs", str(runs)]
+    _ok(["train", "--model", "masr", *base, *TINY])
+    fresh = _ok(["evaluate", *base, "--threads", "1"])
+    assert "warning" not in fresh.stderr
+    later = time.time() + 60  # as if mdr's best.pt were written again a minute later
+    os.utime(runs / "mdr" / "best.pt", (later, later))
+    said = _ok(["evaluate", *base, "--threads", "1"])
+    assert "masr was made from an earlier mdr" in said.stderr
+    assert "mass was made" not in said.stderr

@@ -48,7 +48,7 @@ GATED = textwrap.dedent(
         while not os.path.exists(gate):
             time.sleep(0.02)
 
-    real_path, real_dir = atomic.atomic_path, atomic.atomic_dir
+    real_path, real_dir, real_group = atomic.atomic_path, atomic.atomic_dir, atomic.atomic_group
 
     @contextlib.contextmanager
     def atomic_path(path):
@@ -58,6 +58,15 @@ GATED = textwrap.dedent(
             yield tmp
 
     @contextlib.contextmanager
+    def atomic_group():
+        with real_group() as stage:
+            def gated(path):
+                if str(path).endswith(at):
+                    wait()
+                return stage(path)
+            yield gated
+
+    @contextlib.contextmanager
     def atomic_dir(path):
         with real_dir(path) as tmp:
             yield tmp
@@ -65,6 +74,7 @@ GATED = textwrap.dedent(
                 wait()
 
     atomic.atomic_path, atomic.atomic_dir = atomic_path, atomic_dir  # before importers bind them
+    atomic.atomic_group = atomic_group
     import masr.runs.make as make
 
     real_json = make.write_run_json
@@ -294,9 +304,9 @@ def test_kill_during_prep_leaves_no_output_folder(tmp_path: Path) -> None:
 def test_kill_during_export_leaves_nothing_scorable_or_a_complete_set(
     mdr_runs: Path, tmp_path: Path, at: str
 ) -> None:
-    """``at``: killed after the id maps, before the model (a model file is the set's commit:
-    without it `masr score` refuses in one line), or before the JSON file (the ONNX file
-    carries the same metadata: scorable)."""
+    """``at``: killed after the id maps are written aside, before the model, or before the
+    JSON file: the set is renamed into place only when complete, so no model is there (`masr
+    score` refuses in one line); the next export removes the killed one's temporary files."""
     out, gate = tmp_path / "exported" / "m.onnx", tmp_path / "gate"
     export = ["export", "--runs", str(mdr_runs), "--model", "mdr", "--out", str(out)]
     proc = _masr(*export, gate=gate, at=at)
@@ -306,14 +316,14 @@ def test_kill_during_export_leaves_nothing_scorable_or_a_complete_set(
     playlists.write_text("user_id,playlist_id,track_id\nu0,p0,s1\nu0,p0,s2\n")
     score = ["score", str(playlists), "--model", str(out), "--k", "3"]
     result = runner.invoke(app, score)
-    if out.exists():
-        assert result.exit_code == 0, result.stderr
-    else:
-        assert result.exit_code == 1
-        _one_error_line(result.stderr, str(out), "export one first")
-    assert not list(out.parent.glob(".*.tmp"))  # no half-written file left behind
+    published = [f.name for f in out.parent.glob("m.onnx*") if f.suffix != ".lock"]
+    assert not published  # nothing renamed into place (the killed export's lock stays)
+    assert result.exit_code == 1
+    _one_error_line(result.stderr, str(out), "export one first")
     result = _ok(export)
     _taken_over(result.stderr, lock_path(out))
+    assert "removed the temporary files" in result.stderr
+    assert not list(out.parent.glob(".*.tmp"))  # no half-written file left behind
     assert len(_ok(score).stdout.splitlines()) == 1 + 3
 
 

@@ -162,3 +162,32 @@ def test_every_torch_command_says_its_automatic_thread_count(tmp_path) -> None:
         assert bad.exit_code == 1 and bad.stderr.startswith("masr: error: --threads")
     finally:
         torch.set_num_threads(threads)
+
+
+def test_sigterm_unwinds_like_ctrl_c_and_exits_143() -> None:
+    """`kill`, `timeout` and schedulers send SIGTERM: the command unwinds (finally blocks run:
+    locks released, temporary files removed, runs marked interrupted) and exits with 143."""
+    import signal
+    import time
+
+    import typer
+
+    from masr_cli._common import handle_errors
+
+    cleaned = []
+
+    @handle_errors
+    def work() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            cleaned.append(True)
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(typer.Exit) as info:
+            work()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert info.value.exit_code == 143 and cleaned == [True]

@@ -6,7 +6,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from masr.errors import MasrError
@@ -86,6 +86,36 @@ def check_replaceable_dir(
 
 
 @contextlib.contextmanager
+def atomic_group() -> Iterator[Callable[[str | os.PathLike[str]], Path]]:
+    """Several files published together: ``stage(path)`` gives a temporary path next to
+    ``path``; when the block succeeds every one is renamed over its path, in the order staged,
+    and when it fails (an error, Ctrl-C) every temporary file is removed and the old files stay
+    as they were: a set of files that belong together (an export's model, metadata and id maps)
+    is never left half old, half new."""
+    staged: list[tuple[Path, Path]] = []
+
+    def stage(path: str | os.PathLike[str]) -> Path:
+        final = Path(path)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+        os.close(fd)
+        staged.append((Path(tmp), final))
+        return Path(tmp)
+
+    try:
+        yield stage
+        for tmp, _ in staged:
+            _publish_mode(tmp)
+        for tmp, final in staged:
+            os.replace(tmp, final)
+    except BaseException:
+        for tmp, _ in staged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary directory next to ``path``; on success it replaces ``path`` whole.
 
@@ -112,3 +142,32 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def check_not_inside(
+    path: str | os.PathLike[str], data: str | os.PathLike[str], option: str
+) -> None:
+    """Refuse an output folder inside the prepared data folder ``data``, which ``masr prep``
+    replaces whole (the runs or reports in it would go with it)."""
+    target, prepared = Path(path).resolve(), Path(data).resolve()
+    if target == prepared or prepared in target.parents:
+        raise MasrError(
+            f"{option} {path}: inside the prepared data folder {data}, which `masr prep` replaces "
+            f"whole; choose a folder beside it"
+        )
+
+
+def remove_leftovers(path: str | os.PathLike[str]) -> int:
+    """Remove the temporary files a killed writer of ``path`` and its sidecars (``path`` plus a
+    suffix) left beside them (``.NAME*.tmp``: SIGKILL runs no clean-up); how many. Only for a
+    caller that holds ``path``'s lock (``masr.lock``): no other writer is at work there."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return 0
+    removed = 0
+    for leftover in path.parent.glob(f".{path.name}*.tmp"):
+        if leftover.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+                removed += 1
+    return removed

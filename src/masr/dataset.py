@@ -98,8 +98,16 @@ class PreparedData:
 
 
 def fingerprint_of(manifest: dict) -> str:
-    """A stable hash of the manifest's content fields (everything but timings)."""
-    body = {k: v for k, v in manifest.items() if k not in {"fingerprint", "created", "seconds"}}
+    """A stable hash of the prepared data: of its tables' bytes (``manifest["tables"]``, their
+    sha256, written by ``masr prep`` since 2026-11-29) and the format version, so the same data
+    prepared from another path, a renamed copy, the synthetic file or the embedded generator has
+    one fingerprint; for older manifests, of the manifest's content fields (all but timings)."""
+    if "tables" in manifest:
+        body = {"format_version": manifest.get("format_version"), "tables": manifest["tables"]}
+    else:
+        body = {
+            k: v for k, v in manifest.items() if k not in {"fingerprint", "created", "seconds"}
+        }
     blob = json.dumps(body, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -23,6 +23,7 @@ Everything after reading is NumPy / Polars on integer arrays: no Python object p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -600,10 +601,20 @@ def _prepare(
             del df
         say(f"sampled negatives in {time.perf_counter() - t0:.2f}s")
         manifest["seconds"] = round(time.perf_counter() - t0, 3)
+        manifest["tables"] = {f.name: _sha256(f) for f in sorted(tmp.glob("*.parquet"))}
         manifest["fingerprint"] = fingerprint_of(manifest)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     say(f"wrote {out} in {time.perf_counter() - t0:.2f}s")
     return PrepResult(manifest=manifest, out=out)
+
+
+def _sha256(path: Path) -> str:
+    """The sha256 of a file, read in 4 MiB blocks (a table may be gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _negative_lists(

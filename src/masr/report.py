@@ -85,6 +85,9 @@ def evaluate_runs(
             wanted.append(n)
     if candidates < 0:
         raise MasrError(f"--candidates {candidates}: must be >= 0 (0 = exact only)")
+    fusions = [r for r in wanted if r in RUNS and RUNS[r].procedure == "fuse"]
+    if alphas and not fusions:
+        log(f"note: --alpha re-weighs fusion runs (masr, amasr); none among {', '.join(wanted)}")
     dev = resolve_device(device)
     index = TrainingIndex.from_data(data, dev)
     results = {}
@@ -111,10 +114,10 @@ def evaluate_runs(
         if run in ready:
             model = ready.pop(run)
         else:
-            model, _ = load_run(runs_dir, run, data, dev)
+            model, _ = load_run(runs_dir, run, data, dev, warn=log)
             on_top = {}
             for fusion in (f for f, part in fusions.items() if part == run):
-                fused, _ = load_run(runs_dir, fusion, data, dev)
+                fused, _ = load_run(runs_dir, fusion, data, dev, warn=log)
                 if hasattr(fused, "parts") and _same_weights(fused.parts()[1], model):
                     ready[fusion] = fused.to(dev).eval()
                     on_top[fusion] = _FusionOnMass(ready[fusion])

@@ -48,7 +48,7 @@ import numpy as np
 import onnx
 
 from masr import __version__
-from masr.atomic import atomic_file, atomic_path
+from masr.atomic import atomic_group, atomic_path
 from masr.config import ALPHA, UNKNOWN_USER_MODES, ExportConfig
 from masr.config import EXPORT_KINDS as KINDS
 from masr.errors import MasrError
@@ -104,6 +104,12 @@ def export_model(
         raise MasrError(f"--out {out}: is a directory; give a file name (e.g. {out}/masr.onnx)")
     kind, sources = resolve_sources(runs_dir, config.model)
     say(f"exporting {kind} from {', '.join(str(s.path) for s in sources)}")
+    from masr.runs.store import stale, unfinished
+
+    for source in sources:  # an interrupted run's best.pt is only its best epoch so far
+        for note in (unfinished(source.path.parent), stale(source.path.parent)):
+            if note:
+                say(note)
     mdr, mass, fused_alpha, described, fingerprint = load_sources(sources)
     if mdr is not None and mass is not None:
         alpha = next(a for a in (config.alpha, fused_alpha, ALPHA) if a is not None)
@@ -139,46 +145,52 @@ def export_model(
     del mdr_w, mass_w  # the tables live on in ``arrays`` until written, once
     files: list[Path] = []
     written: dict[str, dict[str, Any]] = {}
-    for name in ID_MAPS:
-        path = sidecar(out, name)
-        with atomic_path(path) as tmp:
+    # the id maps, the model and its metadata belong together (score checks that they do):
+    # written aside and renamed together at the end, so an interrupted or failed export leaves
+    # the former export whole (external weights, checked beside the model, go first)
+    with atomic_group() as stage:
+        for name in ID_MAPS:
+            path = sidecar(out, name)
+            tmp = stage(path)
             maps[name].write_parquet(tmp)
             written[name] = {"file": path.name, "rows": maps[name].height}
             written[name]["sha256"] = sha256_file(tmp)
-        files.append(path)
+            files.append(path)
 
-    data = {
-        "fingerprint": fingerprint,
-        "checksum": manifest.get("checksum"),
-        "path": str(data_dir),
-        "input": manifest.get("input"),
-    }
-    weights = None
-    if config.external_data or external.too_large(graph, arrays):
-        weights = _write_weights(graph, arrays, out)
-        files.append(sidecar(out, WEIGHTS))
-    else:
-        external.embed(graph, arrays)
-    metadata = _metadata(kind, alpha, dims, sizes, config, described, data, written, weights)
-    for key, value in metadata.items():  # every value JSON-encoded (strings quoted)
-        entry = graph.metadata_props.add()
-        entry.key, entry.value = key, json.dumps(value)
-    if weights is None:
-        onnx.checker.check_model(graph, full_check=True)
+        data = {
+            "fingerprint": fingerprint,
+            "checksum": manifest.get("checksum"),
+            "path": str(data_dir),
+            "input": manifest.get("input"),
+        }
+        weights = None
+        if config.external_data or external.too_large(graph, arrays):
+            weights = _write_weights(graph, arrays, out)
+            files.append(sidecar(out, WEIGHTS))
+        else:
+            external.embed(graph, arrays)
+        metadata = _metadata(kind, alpha, dims, sizes, config, described, data, written, weights)
+        for key, value in metadata.items():  # every value JSON-encoded (strings quoted)
+            entry = graph.metadata_props.add()
+            entry.key, entry.value = key, json.dumps(value)
+        if weights is None:
+            onnx.checker.check_model(graph, full_check=True)
 
-    with atomic_path(out) as tmp:
+        tmp = stage(out)
         onnx.save_model(graph, tmp)
         if weights is not None:  # by path: the checker reads the weights file beside it
             onnx.checker.check_model(str(tmp), full_check=True)
-    files.insert(0, out)
+        files.insert(0, out)
+        meta_path = sidecar(out, "json")
+        with open(stage(meta_path), "w") as fh:
+            json.dump(metadata, fh, indent=2)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        files.insert(1, meta_path)
     stale = sidecar(out, WEIGHTS)
     if weights is None and stale.is_file():  # a former external export's weights
         stale.unlink()
-    meta_path = sidecar(out, "json")
-    with atomic_file(meta_path, "w") as fh:
-        json.dump(metadata, fh, indent=2)
-        fh.write("\n")
-    files.insert(1, meta_path)
     size_mb = os.path.getsize(out) / 1e6
     beside = "" if weights is None else f", {weights['file']} ({weights['bytes'] / 1e6:.1f} MB)"
     say(f"wrote {out} ({size_mb:.1f} MB){beside}, {meta_path.name} and the id maps")

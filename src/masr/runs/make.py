@@ -210,6 +210,10 @@ def _build(
         )
 
     if resume_state is None:
+        if info is not None and info.get("status") in ("interrupted", "running", "failed"):
+            done = len(info.get("history", []))
+            log(f"{run}: starting again; the unfinished run in {run_dir} ({done} epoch(s)) is "
+                "replaced (--resume would have continued it)")
         if info is not None and info.get("status") == "finished":
             # say so before a finished run (maybe hours of training) is overwritten
             changed = differences(info.get("signature", {}), sig)
@@ -240,21 +244,32 @@ def _build(
         info["history"].append(record)
         write_run_json(run_dir, info)
 
-    result = train_model(
-        model,
-        data,
-        train_cfg,
-        device=device,
-        run_dir=run_dir,
-        adversarial=adversarial,
-        resume=resume_state,
-        progress=progress,
-        on_epoch=on_epoch,
-        extras={"run": run},
-        title=run,
-        compile=options.compile,
-        log=log,
-    )
+    try:
+        result = train_model(
+            model,
+            data,
+            train_cfg,
+            device=device,
+            run_dir=run_dir,
+            adversarial=adversarial,
+            resume=resume_state,
+            progress=progress,
+            on_epoch=on_epoch,
+            extras={"run": run},
+            title=run,
+            compile=options.compile,
+            log=log,
+        )
+    except BaseException as exc:  # Ctrl-C, SIGTERM, an error: the run says it did not finish
+        if world().is_main:
+            stopped = isinstance(exc, KeyboardInterrupt)
+            info["status"] = "interrupted" if stopped else "failed"
+            info["stopped"] = now()
+            write_run_json(run_dir, info)
+            if stopped:
+                log(f"{run}: interrupted after {len(info['history'])} epoch(s); "
+                    "`masr train ... --resume` with the same options continues it")
+        raise
     # the full-ranking validation cases it ranked (a --time-limit may have cut them)
     info["train_config"]["valid_sample"] = result.extra["valid_sample"]
     info.update(
