@@ -354,7 +354,6 @@ def command(
     combined (torch.distributed: gloo on CPU, nccl on CUDA); rank 0 validates and writes.
     """
     from masr.dataset import load_prepared
-    from masr.errors import MasrError
     from masr.runs import saved_options, train_run
 
     options = RunOptions(
@@ -408,8 +407,6 @@ def command(
         if saved is not None:
             given_again = {*settings, *(("reg",) if "reg" in options.model else ())}
             options = options.merged(saved, explicit, given_again)
-    if threads < 0:
-        raise MasrError("--threads must be >= 0 (0 = the free cores)")
     from masr.distributed import init_from_env, shutdown
 
     ranks = init_from_env(options.device)  # under torchrun: join the process group

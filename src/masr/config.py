@@ -308,12 +308,16 @@ DEFAULT_RECIPE = "fullrank"
 BASELINE_RECIPE = "paper"
 
 
+#: the model settings that have options of their own (``--dim``, ``--entity``): always in
+#: ``RunOptions.model``, None when not given
+MODEL_OPTIONS = frozenset(name for sec, name in OPTION_PATHS.values() if sec == "model")
+
+
 def _unset(model: dict[str, Any], key: str) -> bool:
     """True when ``key`` is not among the model settings: absent, or None for an option that
-    is always there (``--dim``, ``--entity``). A ``--set NAME=none`` is a setting (None asks
-    for the model's own default, e.g. ``init_std`` = 1/d) and keeps a recipe's value away."""
-    model_options = {name for sec, name in OPTION_PATHS.values() if sec == "model"}
-    return key not in model or (model[key] is None and key in model_options)
+    is always there (``MODEL_OPTIONS``). A ``--set NAME=none`` is a setting (None asks for the
+    model's own default, e.g. ``init_std`` = 1/d) and keeps a recipe's value away."""
+    return key not in model or (model[key] is None and key in MODEL_OPTIONS)
 
 
 def _paths(explicit: set[str]) -> set[tuple[str, str]]:
@@ -417,13 +421,10 @@ class RunOptions:
         sections: dict[str, dict[str, Any]] = {"train": {}, "adversarial": {}, "": {}}
         model = dict(self.model)
         if "recipe" not in explicit:
-            model_options = {name for p, (sec, name) in OPTION_PATHS.items() if sec == "model"}
-            again = {*settings} | {
-                OPTION_PATHS[p][1] for p in explicit if OPTION_PATHS.get(p, ("",))[0] == "model"
-            }
+            again = {*settings} | {name for sec, name in _paths(explicit) if sec == "model"}
             model = {k: v for k, v in saved.model.items() if k not in again}
             model.update({k: v for k, v in self.model.items() if k in again})
-            for name in model_options - model.keys():  # always present (None: not given)
+            for name in MODEL_OPTIONS - model.keys():  # always present (None: not given)
                 model[name] = self.model.get(name)
         for param, (section, name) in OPTION_PATHS.items():
             if param in explicit:

@@ -210,7 +210,8 @@ def _build(
         )
 
     if resume_state is None:
-        if info is not None and info.get("status") in ("interrupted", "running", "failed"):
+        unfinished = ("interrupted", "running", "failed")
+        if not resume and info is not None and info.get("status") in unfinished:
             done = len(info.get("history", []))
             log(f"{run}: starting again; the unfinished run in {run_dir} ({done} epoch(s)) is "
                 "replaced (--resume would have continued it)")
