@@ -366,3 +366,21 @@ def test_an_interrupted_export_leaves_the_former_one_whole(
     src.write_text(ROWS)
     scored = runner.invoke(app, ["score", str(src), "--model", str(out)])
     assert scored.exit_code == 0, scored.stderr
+
+
+def test_a_damaged_model_file_is_refused(tmp_path: Path, model: Path) -> None:
+    """Bytes changed inside the model's weights (the size intact, the graph still loads): the
+    SHA-256 in the JSON beside it no longer matches, and score says so in one line."""
+    import shutil
+
+    copy = tmp_path / "ex" / model.name
+    shutil.copytree(model.parent, copy.parent)
+    data = bytearray(copy.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(64)
+    copy.write_bytes(bytes(data))
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    result = runner.invoke(app, ["score", str(src), "--model", str(copy)])
+    assert result.exit_code == 1, result.stdout
+    assert "damaged" in result.stderr and len(result.stderr.strip().splitlines()) == 1

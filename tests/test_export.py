@@ -3,6 +3,7 @@ fallbacks), parity with the PyTorch models, and the files written next to the mo
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -338,7 +339,9 @@ def test_export_writes_a_checked_model_with_metadata_and_id_maps(
     assert meta["data"]["fingerprint"] == manifest["fingerprint"]
     assert meta["data"]["checksum"] == manifest["checksum"]
     assert meta["masr_version"] and meta["export_id"]
-    assert json.loads(sidecar(out, "json").read_text()) == meta
+    beside = json.loads(sidecar(out, "json").read_text())
+    assert beside.pop("model_sha256") == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert beside == meta  # the JSON is the model's metadata plus the model file's hash
     songs = pl.read_parquet(sidecar(out, "songs"))
     assert songs["track_id"].to_list() == [f"s{i}" for i in range(48)]
     assert pl.read_parquet(sidecar(out, "playlists")).height == 36

@@ -44,6 +44,9 @@ ID_MAPS = tuple(ID_MAP_SIZES)
 
 #: The weights file of an export too large for one protobuf (``masr.export.external``).
 WEIGHTS = "weights"
+#: the key of the model file's SHA-256 in the metadata JSON beside it (not in the model's own
+#: metadata: a file cannot hold its own hash)
+MODEL_SHA256 = "model_sha256"
 
 
 def sidecar(model_path: str | Path, what: str) -> Path:

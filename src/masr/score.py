@@ -48,6 +48,7 @@ from masr.onnx_format import (
     FORMAT,
     ID_MAP_SIZES,
     INPUTS,
+    MODEL_SHA256,
     OUTPUTS,
     UNKNOWN,
     WEIGHTS,
@@ -304,12 +305,18 @@ class ExportedModel(Engine):
         side = sidecar(self.path, "json")
         if side.is_file():
             try:
-                export_id = json.loads(side.read_text()).get("export_id")
+                beside = json.loads(side.read_text())
             except (OSError, ValueError):
                 raise MasrError(f"{side}: unreadable metadata file") from None
-            if export_id != meta.get("export_id"):
+            if beside.get("export_id") != meta.get("export_id"):
                 raise MasrError(
                     f"{side}: belongs to another export than {self.path.name}; export again"
+                )
+            digest = beside.get(MODEL_SHA256)  # exports before 2026-11-29 lack it
+            if digest and sha256_file(self.path) != digest:
+                raise MasrError(
+                    f"{self.path}: damaged (its SHA-256 is not the one {side.name} recorded); "
+                    "export again"
                 )
         weights = meta.get("weights")
         if weights:  # the tensors live beside the model (masr.export.external)

@@ -69,6 +69,7 @@ from masr.onnx_format import (
     ID_MAPS,
     INPUTS,
     IR_VERSION,
+    MODEL_SHA256,
     OPSET,
     OUTPUTS,
     UNKNOWN,
@@ -182,8 +183,10 @@ def export_model(
             onnx.checker.check_model(str(tmp), full_check=True)
         files.insert(0, out)
         meta_path = sidecar(out, "json")
+        # the JSON also holds the model file's SHA-256 (the model cannot hold its own): `masr
+        # score` checks it, so a damaged model file is refused rather than scored
         with open(stage(meta_path), "w") as fh:
-            json.dump(metadata, fh, indent=2)
+            json.dump({**metadata, MODEL_SHA256: sha256_file(tmp)}, fh, indent=2)
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
