@@ -65,10 +65,11 @@ def dims(
     from masr.dataset import load_prepared
     from masr.figures import have_matplotlib, plot_dims
 
+    _check_out(out)  # before the evaluation, not after it
     prepared = load_prepared(data)
     table = quality_by_dim(prepared, runs, model, split=split.value, device=device.value,
                            full_sample=full_sample, seed=seed, log=log_line)
-    out.mkdir(parents=True, exist_ok=True)
+    _out_folder(out)
     with atomic_file(out / "dims.json", "w") as fh:
         json.dump(table, fh, indent=2)
         fh.write("\n")
@@ -127,11 +128,12 @@ def attention(
 
     if cases < 0:
         raise MasrError("--cases must be >= 0 (0 = every case)")
+    _check_out(out)
     prepared = load_prepared(data)
     pairs = attention_correlation(prepared, runs, split=split.value, max_cases=cases, seed=seed)
     table = {p.label if p.label not in {q.run for q in pairs} else p.run: p.summary()
              for p in pairs}
-    out.mkdir(parents=True, exist_ok=True)
+    _out_folder(out)
     with atomic_file(out / "attention.json", "w") as fh:
         json.dump(table, fh, indent=2)
         fh.write("\n")
@@ -171,6 +173,7 @@ def speed(
     from masr.errors import MasrError
     from masr.figures import plot_epoch_seconds
 
+    _check_out(out)
     dirs: list[Path] = []
     for path in runs:
         dirs += [path] if (path / "run.json").is_file() else sorted(p for p in path.iterdir()
@@ -178,7 +181,7 @@ def speed(
     table = epoch_seconds(dirs)
     if not table:
         raise MasrError(f"--runs {', '.join(map(str, runs))}: no trained run with epochs")
-    out.mkdir(parents=True, exist_ok=True)
+    _out_folder(out)
     with atomic_file(out / "speed.json", "w") as fh:
         json.dump(table, fh, indent=2)
         fh.write("\n")
@@ -189,3 +192,17 @@ def speed(
 app = typer.Typer(name=NAME, help=unwrap(HELP), no_args_is_help=True, add_completion=False)
 for _command in (dims, attention, speed):
     app.command(name=_command.__name__, help=unwrap(_command.__doc__))(handle_errors(_command))
+
+
+def _check_out(out: Path) -> None:
+    """One clear line when a file stands where the --out folder goes."""
+    from masr.errors import MasrError
+
+    if out.exists() and not out.is_dir():
+        raise MasrError(f"--out {out}: is a file; analyze writes a folder (JSON and PNG)")
+
+
+def _out_folder(out: Path) -> None:
+    """Create the --out folder (checked by ``_check_out`` before the work)."""
+    _check_out(out)
+    out.mkdir(parents=True, exist_ok=True)

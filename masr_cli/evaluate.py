@@ -186,7 +186,7 @@ def command(
             table.add_row(label, row.label, *(_num(v) for v in row.values))
     console.print(table)
     if candidates:
-        console.print(two_stage_table(results, candidates))
+        console.print(two_stage_table(results, min(candidates, prepared.n_songs)))
     if json_out == "-":
         sys.stdout.write(json.dumps(to_jsonable(results), indent=2) + "\n")
     elif json_out is not None:

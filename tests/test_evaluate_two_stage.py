@@ -67,6 +67,7 @@ def test_cli_candidates_at_catalog_size_match_the_exact_figures(tmp_path):
     result = runner.invoke(app, [*base, "--model", "mass", "--candidates", "100000", "--json", "-"])
     assert result.exit_code == 0, (result.stderr, result.exception)
     assert "two-stage hit@10" in result.stderr
+    assert "MDR proposes 48 songs per case" in result.stderr  # the catalog, not 100000
     out = json.loads(result.stdout)
     for run in ("masr", "mass"):  # masr: its own MDR part proposes; mass: the mdr run
         two = out[run]["two_stage"]

@@ -69,6 +69,10 @@ def test_analyze_attention_and_speed_on_tiny_runs(planted_dir: Path, tmp_path: P
     assert np.isclose(pairs.weight.sum(), pairs.cases)
     _invoke(["analyze", "speed", "--runs", str(runs), "--out", str(out)])
     speed = json.loads((out / "speed.json").read_text())
+    (tmp_path / "afile").write_text("x")  # a file where the folder goes: one line, no work
+    refused = runner.invoke(app, ["analyze", "speed", "--runs", str(runs), "--out",
+                                  str(tmp_path / "afile")])
+    assert refused.exit_code == 1 and "is a file" in refused.stderr
     assert speed["mass"]["epochs"] == 2 and speed["mass"]["seconds_per_epoch"] > 0
     assert epoch_seconds([tmp_path / "nowhere"]) == {}
 
