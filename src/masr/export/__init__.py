@@ -105,12 +105,11 @@ def export_model(
         raise MasrError(f"--out {out}: is a directory; give a file name (e.g. {out}/masr.onnx)")
     kind, sources = resolve_sources(runs_dir, config.model)
     say(f"exporting {kind} from {', '.join(str(s.path) for s in sources)}")
-    from masr.runs.store import stale, unfinished
+    from masr.runs.store import run_warnings
 
     for source in sources:  # an interrupted run's best.pt is only its best epoch so far
-        for note in (unfinished(source.path.parent), stale(source.path.parent)):
-            if note:
-                say(note)
+        for note in run_warnings(source.path.parent):
+            say(note)
     mdr, mass, fused_alpha, described, fingerprint = load_sources(sources)
     if mdr is not None and mass is not None:
         alpha = next(a for a in (config.alpha, fused_alpha, ALPHA) if a is not None)

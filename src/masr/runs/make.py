@@ -33,7 +33,14 @@ from masr.runs.registry import (
     run_spec,
     signature,
 )
-from masr.runs.store import clear, load_run, now, read_run_json, write_run_json
+from masr.runs.store import (
+    UNFINISHED,
+    clear,
+    load_run,
+    now,
+    read_run_json,
+    write_run_json,
+)
 
 if TYPE_CHECKING:
     from masr.dataset import PreparedData
@@ -210,8 +217,7 @@ def _build(
         )
 
     if resume_state is None:
-        unfinished = ("interrupted", "running", "failed")
-        if not resume and info is not None and info.get("status") in unfinished:
+        if not resume and info is not None and info.get("status") in UNFINISHED:
             done = len(info.get("history", []))
             log(f"{run}: starting again; the unfinished run in {run_dir} ({done} epoch(s)) is "
                 "replaced (--resume would have continued it)")

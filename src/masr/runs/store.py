@@ -62,49 +62,52 @@ def available_runs(runs_dir: str | Path) -> list[str]:
     return run_order([p.name for p in runs_dir.iterdir() if (p / "best.pt").is_file()])
 
 
-def unfinished(run_dir: str | Path) -> str | None:
-    """One line when the run in ``run_dir`` did not finish (interrupted, failed, or killed while
-    running: its best.pt is the best epoch so far), else None (finished, or no run.json: a run
-    from elsewhere)."""
-    run_dir = Path(run_dir)
-    info = read_run_json(run_dir)
-    if info is None or info.get("status", "finished") == "finished":
-        return None
-    epochs = len(info.get("history", []))
-    name = info.get("run", run_dir.name)
-    return (
-        f"warning: {run_dir} is not finished ({info.get('status')}, after {epochs} epoch(s)): "
-        f"its best.pt is the best epoch so far; `masr train --model {name} --resume` finishes it"
-    )
+#: run.json statuses of a run that did not finish: its best.pt is the best epoch so far
+UNFINISHED = ("running", "interrupted", "failed")
 
 
-def stale(run_dir: str | Path) -> str | None:
-    """One line when a part the run in ``run_dir`` was made from (a fusion's MDR and MASS runs,
-    an APR run's start, NeuMF's branches) has a newer best.pt than this run's start (trained
-    again, or continued to a better epoch): this run's weights hold the former part, while
-    evaluate and export read the new one beside it. Else None."""
+def run_warnings(run_dir: str | Path) -> list[str]:
+    """What a reader of the run in ``run_dir`` should be told (run.json read once):
+
+    * the run did not finish (``UNFINISHED``: interrupted, failed, or killed while running);
+    * a part it was made from (a fusion's MDR and MASS runs, an APR run's start, NeuMF's
+      branches) has a newer best.pt than this run's start (trained again, or continued to a
+      better epoch): this run's weights hold the former part.
+
+    Empty for a finished, current run or one without run.json (made elsewhere)."""
     from masr.runs.registry import RUNS
 
     run_dir = Path(run_dir)
     info = read_run_json(run_dir)
+    if info is None:
+        return []
+    notes = []
+    if info.get("status", "finished") in UNFINISHED:
+        epochs = len(info.get("history", []))
+        name = info.get("run", run_dir.name)
+        notes.append(
+            f"warning: {run_dir} is not finished ({info.get('status')}, after {epochs} "
+            f"epoch(s)): its best.pt is the best epoch so far; `masr train --model {name} "
+            "--resume` finishes it"
+        )
     spec = RUNS.get(run_dir.name)
     # when it began: a trained run's start; a fusion or a fit is made in a moment
-    began = (info or {}).get("started") or (info or {}).get("finished")
-    if info is None or spec is None or not began:
-        return None
-    parts = list(spec.parts) or ([spec.start_from] if spec.start_from else [])
-    since = _dt.datetime.fromisoformat(began).timestamp() + 1.0  # run.json keeps whole seconds
-    newer = []
-    for part in parts:  # a part's best.pt changes only when it is trained again or improves
-        best = run_dir.parent / part / "best.pt"
-        if best.is_file() and best.stat().st_mtime > since:
-            newer.append(part)
-    if not newer:
-        return None
-    return (
-        f"warning: {run_dir} was made from an earlier {' and '.join(newer)} (trained again since); "
-        f"`masr train --model {run_dir.name}` makes it again from the current one"
-    )
+    began = info.get("started") or info.get("finished")
+    if spec is not None and began:
+        since = _dt.datetime.fromisoformat(began).timestamp() + 1.0  # whole seconds kept
+        parts = list(spec.parts) or ([spec.start_from] if spec.start_from else [])
+        newer = [  # a part's best.pt changes only when it is trained again or improves
+            part for part in parts
+            if (best := run_dir.parent / part / "best.pt").is_file()
+            and best.stat().st_mtime > since
+        ]
+        if newer:
+            notes.append(
+                f"warning: {run_dir} was made from an earlier {' and '.join(newer)} (trained "
+                f"again since); `masr train --model {run_dir.name}` makes it again from the "
+                "current one"
+            )
+    return notes
 
 
 def load_run(
@@ -115,7 +118,7 @@ def load_run(
     warn: Callable[[str], None] | None = None,
 ) -> tuple[Recommender, dict[str, Any]]:
     """The best model of run ``name`` (checking it was made on ``data`` when given); ``warn``
-    gets a line when the run is not finished (``unfinished``)."""
+    gets the lines of ``run_warnings``."""
     from masr.checkpoint import load_model
 
     path = Path(runs_dir) / name / "best.pt"
@@ -127,9 +130,8 @@ def load_run(
         )
     model, ckpt = load_model(path, device)
     if warn is not None:
-        for note in (unfinished(path.parent), stale(path.parent)):
-            if note:
-                warn(note)
+        for note in run_warnings(path.parent):
+            warn(note)
     if data is not None and ckpt.get("data_fingerprint") != data.fingerprint:
         raise MasrError(
             f"{path}: trained on other prepared data (fingerprint {ckpt.get('data_fingerprint')}, "
