@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -107,6 +107,11 @@ def attention(
         int, typer.Option(help="Cases drawn with --seed (0 = every case).")
     ] = 500,
     seed: Annotated[int, typer.Option(help="Seed of the --cases draw.")] = 0,
+    bootstrap: Annotated[
+        int,
+        typer.Option(help="Resamples of the cases (with --seed) for the standard errors of rho "
+                     "(pearson_se, pearson_within_se); 0 = none."),
+    ] = 200,
 ) -> None:
     """Pearson correlation between PMI attentive scores and learned attention weights.
 
@@ -115,6 +120,11 @@ def attention(
     softmax (the paper's PMI attentive scores). Each run's MASS gives its attention weights
     (eq. 18) to the same members for the same song; the JSON holds Pearson's rho per run and
     the PNG one scatter per run, as the paper's Figure 6.
+
+    Both sides sum to 1 over a playlist's members, so the pooled rho also rewards weights
+    that only follow the member count (equal weights, --set attention=none, score well on
+    it). pearson_within is rho of each side's deviation from 1/|members|: whether a model
+    weights the same members as PMI does (none for equal weights).
 
     Examples:
 
@@ -128,21 +138,35 @@ def attention(
 
     if cases < 0:
         raise MasrError("--cases must be >= 0 (0 = every case)")
+    if bootstrap < 0:
+        raise MasrError("--bootstrap must be >= 0 (0 = no standard errors)")
     _check_out(out)
     prepared = load_prepared(data)
     pairs = attention_correlation(prepared, runs, split=split.value, max_cases=cases, seed=seed)
-    table = {p.label if p.label not in {q.run for q in pairs} else p.run: p.summary()
-             for p in pairs}
+    labels = [p.label for p in pairs]
+    # one row per run: keyed by its attention, or by its path where two runs share one
+    rows = [p.summary(bootstrap, seed) for p in pairs]
+    table = {(p.label if labels.count(p.label) == 1 else p.run): row
+             for p, row in zip(pairs, rows, strict=True)}
     _out_folder(out)
     with atomic_file(out / "attention.json", "w") as fh:
         json.dump(table, fh, indent=2)
         fh.write("\n")
-    for p in pairs:
-        console.print(f"{p.run} ({p.label}): rho = {p.pearson:.4f} over {len(p.pmi)} members")
+    for p, row in zip(pairs, rows, strict=True):
+        console.print(f"{p.run} ({p.label}): rho = {_rho(row, 'pearson')}, within cases "
+                      f"{_rho(row, 'pearson_within')}, over {len(p.pmi)} members")
     panels = {f"{p.label}\n{Path(p.run).parent.name}/{Path(p.run).name}":
-              (p.pmi.tolist(), p.weight.tolist(), p.pearson) for p in pairs}
+              (p.pmi.tolist(), p.weight.tolist(), p.pearson, p.pearson_within) for p in pairs}
     plot_attention(panels, out / "attention.png")
     console.print(f"wrote {out / 'attention.json'} and {out / 'attention.png'}")
+
+
+def _rho(row: dict[str, Any], key: str) -> str:
+    """"0.1234 ± 0.0200" (with a bootstrap standard error), or why there is none."""
+    if row[key] is None:
+        return "undefined (constant weights)"
+    se = row.get(f"{key}_se")
+    return f"{row[key]:.4f}" + ("" if se is None else f" ± {se:.4f}")
 
 
 def speed(

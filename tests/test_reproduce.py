@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from masr.analyze import (
+    AttentionPairs,
     attention_correlation,
     embedding_size,
     epoch_seconds,
@@ -49,6 +50,74 @@ def test_pmi_attentive_scores_match_a_loop_over_playlists(planted: PreparedData)
         assert scores.tolist() == pytest.approx([e / sum(expo) for e in expo], abs=1e-12)
 
 
+def _slow_pearson(x: list[float], y: list[float]) -> float:
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    cov = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True))
+    return cov / math.sqrt(sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y))
+
+
+def _softmax_cases(rng: np.random.Generator, lengths: list[int]) -> np.ndarray:
+    parts = [np.exp(rng.normal(size=n)) for n in lengths]
+    return np.concatenate([p / p.sum() for p in parts])
+
+
+def test_attention_rho_within_cases_against_a_slow_reference() -> None:
+    rng = np.random.default_rng(3)
+    lengths = [2, 5, 3, 9, 1, 4, 7]
+    case = np.repeat(np.arange(len(lengths)), lengths)
+    pmi = _softmax_cases(rng, lengths)
+    weight = _softmax_cases(rng, lengths).astype(np.float32)  # α comes as float32
+    pairs = AttentionPairs("x", "runs/x", pmi, weight, len(lengths), case)
+    assert pairs.pearson == pytest.approx(_slow_pearson(pmi.tolist(), weight.tolist()), abs=1e-6)
+    # within: each value minus its case's mean, which is 1/|members| on both sides
+    dev_p, dev_w = [], []
+    for c, n in enumerate(lengths):
+        dev_p += [float(v) - 1 / n for v in pmi[case == c]]
+        dev_w += [float(v) - 1 / n for v in weight[case == c]]
+    assert pairs.pearson_within == pytest.approx(_slow_pearson(dev_p, dev_w), abs=1e-6)
+
+
+def test_bootstrap_resamples_whole_cases() -> None:
+    rng = np.random.default_rng(5)
+    lengths = [3, 1, 4, 6, 2]
+    case = np.repeat(np.arange(len(lengths)), lengths)
+    pmi = _softmax_cases(rng, lengths)
+    pairs = AttentionPairs("x", "r", pmi, _softmax_cases(rng, lengths), len(lengths), case)
+    for _ in range(20):
+        q = pairs.resampled(rng)
+        assert q.cases == pairs.cases and np.all(np.diff(q.case) >= 0)
+        for c in range(q.cases):  # each drawn case is one whole original case, in slot order
+            slots = q.pmi[q.case == c]
+            source = [o for o, n in enumerate(lengths) if n == len(slots)
+                      and np.array_equal(pmi[case == o], slots)]
+            assert len(source) == 1
+            assert np.array_equal(q.weight[q.case == c], pairs.weight[case == source[0]])
+    se, se_within = pairs.standard_errors(100, seed=1)
+    assert 0 < se < 1 and 0 < se_within < 1
+    assert pairs.standard_errors(100, seed=1) == (se, se_within)  # seeded
+    row = pairs.summary(100, seed=1)
+    assert row["pearson_se"] == pytest.approx(se, abs=1e-6) and row["resamples"] == 100
+    assert "pearson_se" not in pairs.summary()
+
+
+def test_equal_weights_follow_the_member_count_only() -> None:
+    """Attention "none" (α = 1/|members|) scores well on the pooled ρ of the paper's Figure 6
+    because the PMI softmax shares its per-case mean; within cases it has no ρ at all."""
+    rng = np.random.default_rng(0)
+    lengths = [int(n) for n in rng.integers(1, 30, size=200)]
+    case = np.repeat(np.arange(len(lengths)), lengths)
+    pmi = _softmax_cases(rng, lengths)
+    equal = np.concatenate([np.full(n, 1 / n, np.float32) for n in lengths])
+    pairs = AttentionPairs("none", "runs/mass", pmi, equal, len(lengths), case)
+    assert pairs.pearson > 0.3
+    assert np.isnan(pairs.pearson_within)
+    assert pairs.summary()["pearson_within"] is None and pairs.summary()["pearson"] > 0.3
+    # a model that weights exactly as PMI does: ρ = 1 both ways
+    same = AttentionPairs("pmi", "runs/mass", pmi, pmi.astype(np.float32), len(lengths), case)
+    assert same.pearson == pytest.approx(1, abs=1e-6)
+    assert same.pearson_within == pytest.approx(1, abs=1e-6)
+
+
 def test_analyze_attention_and_speed_on_tiny_runs(planted_dir: Path, tmp_path: Path) -> None:
     runs, runs_dot = tmp_path / "runs", tmp_path / "runs-dot"
     common = ["--data", str(planted_dir), "--epochs", "2", "--dim", "8", "--device", "cpu"]
@@ -61,11 +130,14 @@ def test_analyze_attention_and_speed_on_tiny_runs(planted_dir: Path, tmp_path: P
     table = json.loads((out / "attention.json").read_text())
     assert set(table) == {"mem-metric", "mem-dot"}
     assert all(-1 <= v["pearson"] <= 1 and v["pairs"] > v["cases"] > 0 for v in table.values())
+    assert all(-1 <= v["pearson_within"] <= 1 and v["pearson_se"] > 0 for v in table.values())
     assert (out / "attention.png").stat().st_size > 0
     # the same numbers from the library, and α sums to 1 over each case's members
     data = load_prepared(planted_dir)
     pairs = attention_correlation(data, [runs / "mass"], max_cases=0)[0]
     assert pairs.pearson == pytest.approx(table["mem-metric"]["pearson"], abs=1e-6)
+    assert pairs.pearson_within == pytest.approx(table["mem-metric"]["pearson_within"], abs=1e-6)
+    assert pairs.case.tolist() == sorted(pairs.case.tolist()) and pairs.case[-1] == pairs.cases - 1
     assert np.isclose(pairs.weight.sum(), pairs.cases)
     _invoke(["analyze", "speed", "--runs", str(runs), "--out", str(out)])
     speed = json.loads((out / "speed.json").read_text())

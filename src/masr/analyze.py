@@ -7,7 +7,12 @@
   "PMI attentive scores"). A member never seen with k has PMI -inf (weight 0); a case whose
   members never co-occur with k has no distribution and is skipped.
 * ``attention_correlation``: Pearson's ρ between those scores and the attention weights α
-  (eq. 18) that a MASS model gives the same members for the same held-out song.
+  (eq. 18) that a MASS model gives the same members for the same held-out song. Both sides
+  sum to 1 over a case's members, so each has the mean 1/|members| within its case, and the
+  pooled ρ (the paper's) rewards weights that merely follow the member count: equal weights
+  (attention "none") score well on it. ``pearson_within`` is ρ of the deviations from that
+  mean (the pooled within-case correlation): whether a model weights *the same members* as
+  PMI does; it is undefined (None) for equal weights.
 * ``quality_by_dim``: each run's test metrics keyed by its embedding size d, over runs
   directories trained at different ``--dim``; ``embedding_size`` reads d from a run.json.
 * ``epoch_seconds``: mean training seconds per epoch of runs, read from their run.json.
@@ -40,21 +45,85 @@ class AttentionPairs:
     pmi: np.ndarray  # (M,) softmax over each case's members of PMI(k, t)
     weight: np.ndarray  # (M,) the model's α_t for the held-out song k
     cases: int
+    case: np.ndarray  # (M,) the case (0 .. cases - 1) each member slot belongs to
 
     @property
     def pearson(self) -> float:
-        if len(self.pmi) < 2 or self.pmi.std() == 0 or self.weight.std() == 0:
-            return float("nan")
-        return float(np.corrcoef(self.pmi, self.weight)[0, 1])
+        """Pearson's ρ over all member slots (the paper's Figure 6)."""
+        return _pearson(self.pmi, self.weight)
 
-    def summary(self) -> dict[str, Any]:
-        return {
+    @property
+    def pearson_within(self) -> float:
+        """ρ of each side's deviation from its case's mean (1/|members| for both)."""
+        return _pearson(_centred(self.pmi, self.case), _centred(self.weight, self.case))
+
+    def resampled(self, rng: np.random.Generator) -> AttentionPairs:
+        """The same number of cases drawn with replacement, each with all its member slots."""
+        starts = np.searchsorted(self.case, np.arange(self.cases))
+        sizes = np.searchsorted(self.case, np.arange(self.cases), side="right") - starts
+        pick = rng.integers(0, self.cases, self.cases)
+        lengths = sizes[pick]
+        # slot index = the picked case's start + the offset within it
+        offset = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        idx = np.repeat(starts[pick], lengths) + offset
+        case = np.repeat(np.arange(self.cases), lengths)
+        return AttentionPairs(self.label, self.run, self.pmi[idx], self.weight[idx], self.cases,
+                              case)
+
+    def standard_errors(self, resamples: int, seed: int = 0) -> tuple[float, float]:
+        """Bootstrap standard errors of (pearson, pearson_within) over cases (a case's member
+        slots are not independent, so cases are resampled whole); NaN without resamples."""
+        if resamples < 2:
+            return float("nan"), float("nan")
+        rng = np.random.default_rng(seed)
+        draws = np.array([(q.pearson, q.pearson_within)
+                          for q in (self.resampled(rng) for _ in range(resamples))])
+        with np.errstate(invalid="ignore"):
+            return tuple(  # type: ignore[return-value]
+                float(np.nanstd(col, ddof=1)) if np.isfinite(col).sum() > 1 else float("nan")
+                for col in draws.T
+            )
+
+    def summary(self, resamples: int = 0, seed: int = 0) -> dict[str, Any]:
+        """The JSON row; with ``resamples``, bootstrap standard errors beside both ρ."""
+        row: dict[str, Any] = {
             "run": self.run,
             # None where ρ is undefined (a constant side, e.g. attention "none" on equal lengths)
-            "pearson": None if np.isnan(self.pearson) else round(self.pearson, 6),
+            "pearson": _rounded(self.pearson),
+            "pearson_within": _rounded(self.pearson_within),
             "pairs": int(len(self.pmi)),
             "cases": self.cases,
         }
+        if resamples:
+            se, se_within = self.standard_errors(resamples, seed)
+            row.update(pearson_se=_rounded(se), pearson_within_se=_rounded(se_within),
+                       resamples=resamples)
+        return row
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """ρ of two sides of weights in [0, 1]; NaN where undefined: fewer than two values, or a
+    side constant up to float32 rounding (equal weights 1/L minus their case's mean)."""
+    if len(x) < 2:
+        return float("nan")
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    x, y = x - x.mean(), y - y.mean()
+    sx, sy = np.sqrt((x * x).mean()), np.sqrt((y * y).mean())
+    if sx <= 1e-6 or sy <= 1e-6:
+        return float("nan")
+    return float((x * y).mean() / (sx * sy))
+
+
+def _centred(values: np.ndarray, case: np.ndarray) -> np.ndarray:
+    """Each value (as float64) minus the mean of its case."""
+    values = values.astype(np.float64)
+    sums = np.bincount(case, weights=values)
+    counts = np.bincount(case)
+    return values - (sums / np.maximum(counts, 1))[case]
+
+
+def _rounded(value: float) -> float | None:
+    return None if np.isnan(value) else round(value, 6)
 
 
 def song_playlists(data: PreparedData) -> list[np.ndarray]:
@@ -149,6 +218,7 @@ def attention_correlation(
     ).to(device)
     songs = torch.as_tensor(split_cases.song[cases]).unsqueeze(1).to(device)  # (B, 1)
     pmi = np.concatenate(scores_of)
+    case = np.repeat(np.arange(len(cases)), mask.sum(axis=1))  # row-major, as alpha[mask]
     out = []
     for run_dir in map(Path, run_dirs):
         path = run_dir / "best.pt"
@@ -161,7 +231,7 @@ def attention_correlation(
         with torch.no_grad():
             alpha = mass.attention(batch, songs)[:, 0].cpu().numpy()  # (B, L), eq. 18
         out.append(AttentionPairs(attention_label(model), str(run_dir), pmi, alpha[mask],
-                                  len(cases)))
+                                  len(cases), case))
     return out
 
 

@@ -84,15 +84,17 @@ def plot_dims(
 
 
 def plot_attention(
-    panels: dict[str, tuple[list[float], list[float], float]], path: str | Path
+    panels: dict[str, tuple[list[float], list[float], float, float]], path: str | Path
 ) -> Path:
-    """Figure 6: one scatter per attention variant, {label: (pmi_scores, weights, rho)}."""
+    """Figure 6: one scatter per attention variant,
+    {label: (pmi_scores, weights, rho, rho_within_cases)}."""
     plt = pyplot()
     n = max(1, len(panels))
-    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.4), squeeze=False)
-    for ax, (label, (pmi, weights, rho)) in zip(axes[0], panels.items(), strict=False):
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.6), squeeze=False)
+    for ax, (label, (pmi, weights, rho, within)) in zip(axes[0], panels.items(), strict=False):
         ax.scatter(pmi, weights, s=4, alpha=0.4)
-        ax.set_title(f"{label} (ρ = {rho:.3f})", fontsize=9)
+        inside = "undefined" if within != within else f"{within:.3f}"  # NaN: equal weights
+        ax.set_title(f"{label}\nρ = {rho:.3f}, within cases {inside}", fontsize=9)
         ax.set_xlabel("PMI attentive score")
         ax.set_ylabel("attention weight")
         ax.grid(alpha=0.3)
