@@ -63,7 +63,7 @@ def dims(
     from masr.analyze import quality_by_dim
     from masr.atomic import atomic_file
     from masr.dataset import load_prepared
-    from masr.figures import have_matplotlib, plot_dims
+    from masr.figures import maybe, plot_dims
 
     _check_out(out)  # before the evaluation, not after it
     prepared = load_prepared(data)
@@ -80,12 +80,7 @@ def dims(
             view.add_row(run, d, *(f"{res.get(p, {}).get(m, float('nan')):.4f}"
                                    for p in ("sampled", "full") for m in ("hit@10", "ndcg@10")))
     console.print(view)
-    wrote = [out / "dims.json"]
-    if have_matplotlib():
-        wrote.append(plot_dims(table, out / "dims.png"))
-    else:
-        console.print("no PNG: matplotlib is not installed (pip install 'masr[plot]')")
-    console.print(f"wrote {' and '.join(map(str, wrote))}")
+    _wrote(out / "dims.json", maybe(plot_dims, table, out / "dims.png"))
 
 
 def attention(
@@ -134,7 +129,7 @@ def attention(
     from masr.atomic import atomic_file
     from masr.dataset import load_prepared
     from masr.errors import MasrError
-    from masr.figures import plot_attention
+    from masr.figures import maybe, plot_attention
 
     if cases < 0:
         raise MasrError("--cases must be >= 0 (0 = every case)")
@@ -157,8 +152,16 @@ def attention(
                       f"{_rho(row, 'pearson_within')}, over {len(p.pmi)} members")
     panels = {f"{p.label}\n{Path(p.run).parent.name}/{Path(p.run).name}":
               (p.pmi.tolist(), p.weight.tolist(), p.pearson, p.pearson_within) for p in pairs}
-    plot_attention(panels, out / "attention.png")
-    console.print(f"wrote {out / 'attention.json'} and {out / 'attention.png'}")
+    _wrote(out / "attention.json", maybe(plot_attention, panels, out / "attention.png"))
+
+
+def _wrote(table: Path, png: Path | None) -> None:
+    """The closing line: what was written, and why there is no PNG when there is none."""
+    if png is None:
+        console.print("no PNG: matplotlib is not installed (pip install 'masr[plot]')")
+        console.print(f"wrote {table}")
+    else:
+        console.print(f"wrote {table} and {png}")
 
 
 def _rho(row: dict[str, Any], key: str) -> str:
@@ -192,10 +195,12 @@ def speed(
 
       masr analyze speed --runs runs --out analysis
     """
+    from rich.table import Table
+
     from masr.analyze import epoch_seconds
     from masr.atomic import atomic_file
     from masr.errors import MasrError
-    from masr.figures import plot_epoch_seconds
+    from masr.figures import maybe, plot_epoch_seconds
 
     _check_out(out)
     dirs: list[Path] = []
@@ -209,8 +214,16 @@ def speed(
     with atomic_file(out / "speed.json", "w") as fh:
         json.dump(table, fh, indent=2)
         fh.write("\n")
-    plot_epoch_seconds({k: v["seconds_per_epoch"] for k, v in table.items()}, out / "speed.png")
-    console.print(f"wrote {out / 'speed.json'} and {out / 'speed.png'}")
+    png = maybe(plot_epoch_seconds, {k: v["seconds_per_epoch"] for k, v in table.items()},
+                out / "speed.png")
+    shown = Table(title="seconds per training epoch (validation excluded)")
+    for column in ("run", "model", "s/epoch", "epochs", "device"):
+        shown.add_column(column, justify="left" if column in {"run", "model"} else "right")
+    for run, row in table.items():
+        shown.add_row(run, str(row["model"]), f"{row['seconds_per_epoch']:.2f}",
+                      str(row["epochs"]), str(row["device"]))
+    console.print(shown)
+    _wrote(out / "speed.json", png)
 
 
 app = typer.Typer(name=NAME, help=unwrap(HELP), no_args_is_help=True, add_completion=False)

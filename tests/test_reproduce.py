@@ -147,6 +147,37 @@ def test_analyze_attention_and_speed_on_tiny_runs(planted_dir: Path, tmp_path: P
     assert refused.exit_code == 1 and "is a file" in refused.stderr
     assert speed["mass"]["epochs"] == 2 and speed["mass"]["seconds_per_epoch"] > 0
     assert epoch_seconds([tmp_path / "nowhere"]) == {}
+    # two runs folders with a run of the same name: one row each, and a table on stderr
+    log = _invoke(["analyze", "speed", "--runs", str(runs), "--runs", str(runs_dot), "--out",
+                   str(out)])
+    speed = json.loads((out / "speed.json").read_text())
+    assert set(speed) == {"runs/mass", "runs-dot/mass"} and "s/epoch" in log
+    assert "runs-dot/mass" in log
+    # the same run twice under attention: one key per run, not one per label
+    _invoke(["analyze", "attention", "--data", str(planted_dir), "--runs", str(runs / "mass"),
+             "--runs", str(runs_dot / "mass"), "--runs", str(runs_dot / "mass"),
+             "--out", str(out), "--cases", "0", "--bootstrap", "0"])
+    table = json.loads((out / "attention.json").read_text())
+    assert set(table) == {"mem-metric", str(runs_dot / "mass")}
+    assert "pearson_se" not in table["mem-metric"]
+
+
+def test_analyze_writes_its_table_without_matplotlib(
+    planted_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import masr.figures
+
+    runs = tmp_path / "runs"
+    _invoke(["train", "--model", "mass", "--runs", str(runs), "--data", str(planted_dir),
+             "--epochs", "1", "--dim", "8", "--device", "cpu"])
+    monkeypatch.setattr(masr.figures, "have_matplotlib", lambda: False)
+    out = tmp_path / "analysis"
+    for args in (["speed", "--runs", str(runs)],
+                 ["attention", "--runs", str(runs / "mass"), "--data", str(planted_dir)]):
+        log = _invoke(["analyze", *args, "--out", str(out)])
+        assert "matplotlib is not installed" in log
+    assert (out / "speed.json").is_file() and (out / "attention.json").is_file()
+    assert not list(out.glob("*.png"))
 
 
 def test_analyze_dims_keys_each_run_by_its_embedding_size(

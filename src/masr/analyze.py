@@ -242,12 +242,13 @@ def epoch_seconds(run_dirs: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
     from masr.runs.store import read_run_json
 
     out: dict[str, dict[str, Any]] = {}
-    for run_dir in map(Path, run_dirs):
+    dirs = [Path(d) for d in run_dirs]
+    for key, run_dir in zip(run_keys(dirs), dirs, strict=True):
         info = read_run_json(run_dir) or {}
         times = [h["train_seconds"] for h in info.get("history", []) if "train_seconds" in h]
         if not times:
             continue
-        out[run_dir.name] = {
+        out[key] = {
             "seconds_per_epoch": round(float(np.mean(times)), 4),
             "epochs": len(times),
             "model": info.get("model"),
@@ -255,6 +256,17 @@ def epoch_seconds(run_dirs: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
             "device": info.get("device"),
         }
     return out
+
+
+def run_keys(run_dirs: Sequence[Path]) -> list[str]:
+    """A name per run directory: the run's name ("mass"), "<runs>/<run>" where two runs of the
+    list share a name (runs/mass, runs-dot/mass), the whole path where even that repeats."""
+    names = [d.name for d in run_dirs]
+    longer = [f"{d.parent.name}/{d.name}" for d in run_dirs]
+    return [
+        name if names.count(name) == 1 else two if longer.count(two) == 1 else str(d)
+        for d, name, two in zip(run_dirs, names, longer, strict=True)
+    ]
 
 
 def embedding_size(info: dict[str, Any]) -> int | None:
