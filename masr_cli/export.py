@@ -92,7 +92,8 @@ def command(
     the model: NAME.json (α, dims, opset, source checkpoints, data checksum, masr version; the
     same metadata is in the ONNX metadata_props) and the id maps NAME.songs.parquet,
     NAME.playlists.parquet and NAME.users.parquet; past protobuf's 2 GB (or with
-    --external-data) the weights too, in NAME.weights. Files are written aside and renamed;
+    --external-data) the weights too, in NAME.onnx.weights. The files are written aside and
+    renamed together at the end, so a failed or interrupted export leaves the former one whole;
     parent folders are created.
 
     Example: masr export --runs runs --out exported/masr.onnx

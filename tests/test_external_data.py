@@ -130,3 +130,34 @@ def test_cli_external_data_option_and_a_later_one_file_export(
     again = runner.invoke(app, ["score", str(src), "--model", str(out)])
     assert again.stdout == scored.stdout
     assert "--external-data" in runner.invoke(app, ["export", "--help"]).stdout
+
+
+def test_a_failed_re_export_leaves_the_former_external_export_whole(
+    exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights file is staged with the model, its JSON and the id maps: an export that
+    fails after writing new weights leaves the former export's weights, and it still scores."""
+    import masr.export as export_module
+    from masr.atomic import remove_leftovers
+
+    runs, _, split = exports
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    score_file(src, split, tmp_path / "before.csv", ScoreConfig(k=10))
+    before = {p.name: p.read_bytes() for p in split.parent.iterdir()}
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export_module.onnx, "save_model", fail)
+    with pytest.raises(OSError):
+        export_model(runs, split, ExportConfig(chunk=8, alpha=0.3))
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in split.parent.iterdir()} == before  # nothing aside
+    score_file(src, split, tmp_path / "after.csv", ScoreConfig(k=10))
+    assert (tmp_path / "after.csv").read_text() == (tmp_path / "before.csv").read_text()
+    # a killed export's check folder is removed by the next export's clean-up
+    (split.parent / ".masr.onnx.check.x1.tmp").mkdir()
+    (split.parent / ".masr.onnx.check.x1.tmp" / "masr.onnx").write_bytes(b"x")
+    assert remove_leftovers(split) == 1 and sorted(p.name for p in split.parent.iterdir()) == \
+        sorted(before)

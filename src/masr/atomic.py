@@ -159,14 +159,18 @@ def check_not_inside(
 
 def remove_leftovers(path: str | os.PathLike[str]) -> int:
     """Remove the temporary files a killed writer of ``path`` and its sidecars (``path`` plus a
-    suffix) left beside them (``.NAME*.tmp``: SIGKILL runs no clean-up); how many. Only for a
+    suffix) left beside them (``.NAME*.tmp``, and an export's check folder of that name:
+    SIGKILL runs no clean-up); how many. Only for a
     caller that holds ``path``'s lock (``masr.lock``): no other writer is at work there."""
     path = Path(path)
     if not path.parent.is_dir():
         return 0
     removed = 0
     for leftover in path.parent.glob(f".{path.name}*.tmp"):
-        if leftover.is_file():
+        if leftover.is_dir() and not leftover.is_symlink():  # an export's check folder
+            shutil.rmtree(leftover, ignore_errors=True)
+            removed += 1
+        elif leftover.is_file() or leftover.is_symlink():
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
                 removed += 1

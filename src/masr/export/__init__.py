@@ -35,10 +35,12 @@ torch (it reads checkpoints); scoring (``masr.score``) does not.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +50,7 @@ import numpy as np
 import onnx
 
 from masr import __version__
-from masr.atomic import atomic_group, atomic_path
+from masr.atomic import atomic_group
 from masr.config import ALPHA, UNKNOWN_USER_MODES, ExportConfig
 from masr.config import EXPORT_KINDS as KINDS
 from masr.errors import MasrError
@@ -147,8 +149,9 @@ def export_model(
     written: dict[str, dict[str, Any]] = {}
     # the id maps, the model and its metadata belong together (score checks that they do):
     # written aside and renamed together at the end, so an interrupted or failed export leaves
-    # the former export whole (external weights, checked beside the model, go first)
-    with atomic_group() as stage:
+    # the former export whole (external weights too: written with the model under their final
+    # names in a private folder beside them, checked there, then staged like the rest)
+    with atomic_group() as stage, contextlib.ExitStack() as private:
         for name in ID_MAPS:
             path = sidecar(out, name)
             tmp = stage(path)
@@ -163,9 +166,12 @@ def export_model(
             "path": str(data_dir),
             "input": manifest.get("input"),
         }
-        weights = None
+        weights, folder = None, None
         if config.external_data or external.too_large(graph, arrays):
-            weights = _write_weights(graph, arrays, out)
+            # ONNX reads external weights by their name beside the model (and refuses links)
+            folder = Path(private.enter_context(tempfile.TemporaryDirectory(
+                prefix=f".{out.name}.check.", suffix=".tmp", dir=out.parent)))
+            weights = _write_weights(graph, arrays, out, folder / sidecar(out, WEIGHTS).name)
             files.append(sidecar(out, WEIGHTS))
         else:
             external.embed(graph, arrays)
@@ -176,10 +182,16 @@ def export_model(
         if weights is None:
             onnx.checker.check_model(graph, full_check=True)
 
-        tmp = stage(out)
-        onnx.save_model(graph, tmp)
-        if weights is not None:  # by path: the checker reads the weights file beside it
-            onnx.checker.check_model(str(tmp), full_check=True)
+        if folder is None:
+            tmp = stage(out)
+            onnx.save_model(graph, tmp)
+        else:  # by path: the checker reads the weights file beside the model
+            onnx.save_model(graph, folder / out.name)
+            onnx.checker.check_model(str(folder / out.name), full_check=True)
+            # staged (so renamed) weights first, then the model that names them
+            os.replace(folder / sidecar(out, WEIGHTS).name, stage(sidecar(out, WEIGHTS)))
+            tmp = stage(out)
+            os.replace(folder / out.name, tmp)
         files.insert(0, out)
         meta_path = sidecar(out, "json")
         # the JSON also holds the model file's SHA-256 (the model cannot hold its own): `masr
@@ -200,15 +212,14 @@ def export_model(
 
 
 def _write_weights(
-    graph: onnx.ModelProto, arrays: dict[str, np.ndarray], out: Path
+    graph: onnx.ModelProto, arrays: dict[str, np.ndarray], out: Path, tmp: Path
 ) -> dict[str, Any]:
-    """Write the graph's large tensors to ``NAME.onnx.weights`` (written aside, renamed) and
-    describe that file for the metadata (``masr.export.external``)."""
-    path = sidecar(out, WEIGHTS)
-    with atomic_path(path) as tmp:
-        size = external.write_arrays(graph, arrays, tmp, path.name)
-        digest = sha256_file(tmp)
-    return {"file": path.name, "bytes": size, "sha256": digest}
+    """Write the graph's large tensors to ``tmp`` (a private path: it becomes
+    ``NAME.onnx.weights`` with the rest of the export) and describe that file for the metadata
+    (``masr.export.external``)."""
+    name = sidecar(out, WEIGHTS).name
+    size = external.write_arrays(graph, arrays, tmp, name)
+    return {"file": name, "bytes": size, "sha256": sha256_file(tmp)}
 
 
 def _metadata(
