@@ -133,8 +133,8 @@ def attention(
 
     if cases < 0:
         raise MasrError("--cases must be >= 0 (0 = every case)")
-    if bootstrap < 0:
-        raise MasrError("--bootstrap must be >= 0 (0 = no standard errors)")
+    if bootstrap < 0 or bootstrap == 1:
+        raise MasrError("--bootstrap must be 0 (no standard errors) or at least 2")
     _check_out(out)
     prepared = load_prepared(data)
     pairs = attention_correlation(prepared, runs, split=split.value, max_cases=cases, seed=seed)
