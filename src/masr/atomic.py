@@ -160,8 +160,8 @@ def check_not_inside(
 def remove_leftovers(path: str | os.PathLike[str]) -> int:
     """Remove the temporary files a killed writer of ``path`` and its sidecars (``path`` plus a
     suffix) left beside them (``.NAME*.tmp``, and an export's check folder of that name:
-    SIGKILL runs no clean-up); how many. Only for a
-    caller that holds ``path``'s lock (``masr.lock``): no other writer is at work there."""
+    SIGKILL runs no clean-up); how many. Only for a caller that holds ``path``'s lock
+    (``masr.lock``): no other writer is at work there."""
     path = Path(path)
     if not path.parent.is_dir():
         return 0
