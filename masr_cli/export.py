@@ -68,9 +68,9 @@ def command(
         bool,
         typer.Option(
             "--external-data",
-            help="Write the weights to NAME.onnx.weights beside the model (ONNX external data) even "
-            "when one file would do; done anyway past protobuf's 2 GB limit. masr score still "
-            "takes the one --model path.",
+            help="Write the weights to NAME.onnx.weights beside the model (ONNX external data) "
+            "even when one file would do; done anyway past protobuf's 2 GB limit. masr score "
+            "still takes the one --model path.",
         ),
     ] = False,
     candidates: Annotated[
