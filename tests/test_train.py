@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -535,6 +536,46 @@ def test_a_fusion_validates_on_the_fewest_cases_its_parts_ranked(tmp_path: Path)
     assert _parts_valid_sample(tmp_path, ["amdr"], 2000) == 2000
     assert _parts_valid_sample(tmp_path, ["missing"], 500) == 500
     assert _parts_valid_sample(tmp_path, ["amass"], 0) == 350  # 0 = every case, the most
+
+
+def test_fusion_note_only_past_two_standard_errors() -> None:
+    from masr.runs.make import fusion_note
+
+    note = fusion_note("amasr", 0.5, 0.045, {"amdr": 0.057, "amass": 0.008}, 2000, "full")
+    assert note is not None and "below its amdr part" in note
+    assert "0.0450 against 0.0570" in note and "--alpha" in note
+    # one standard error at 0.057 over 2,000 cases is 0.0052: 0.05 is within two
+    assert fusion_note("amasr", 0.5, 0.050, {"amdr": 0.057}, 2000, "full") is None
+    assert fusion_note("amasr", 0.5, 0.070, {"amdr": 0.057}, 2000, "full") is None
+    assert fusion_note("masr", 0.5, 0.0, {}, 2000, "full") is None
+    assert fusion_note("masr", 0.5, 0.0, {"mdr": 0.5}, 0, "sampled") is None
+
+
+def test_a_fusion_below_its_better_part_says_so(planted: PreparedData, tmp_path: Path) -> None:
+    """The chain's fusion step compares its validation figure with its parts' (read from their
+    run.json) and logs one note when it is clearly below the better part."""
+    from masr.runs.store import read_run_json, write_run_json
+
+    opts = RunOptions(train=TrainConfig(epochs=1, **FAST), model={"dim": 8}, device="cpu")
+    train_run("masr", planted, tmp_path, opts)
+    def set_best(part: str, value: float) -> None:
+        info = read_run_json(tmp_path / part)
+        for protocol in ("valid", "valid_full"):
+            info["best"][protocol]["hit@10"] = value
+        write_run_json(tmp_path / part, info)
+
+    set_best("mdr", 1.0)  # a part far above anything the fusion reaches
+    shutil.rmtree(tmp_path / "masr")
+    said: list[str] = []
+    done = train_run("masr", planted, tmp_path, opts, log=said.append)
+    assert [o.action for o in done] == ["reused", "reused", "fused"]
+    assert any("masr (α 0.5) is below its mdr part" in line for line in said), said
+    said.clear()
+    set_best("mdr", 0.0)
+    set_best("mass", 0.0)
+    shutil.rmtree(tmp_path / "masr")
+    train_run("masr", planted, tmp_path, opts, log=said.append)
+    assert not any("is below its" in line for line in said)
 
 
 def test_cli_records_batch_by_only_when_playlist(tmp_path: Path) -> None:

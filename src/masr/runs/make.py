@@ -13,6 +13,7 @@ This module imports torch only inside functions (the CLI imports the package for
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -454,8 +455,43 @@ def _fuse(
     sample = _parts_valid_sample(runs_dir, spec.parts, options.train.valid_sample)
     if sample != options.train.valid_sample:
         options = replace(options, train=replace(options.train, valid_sample=sample))
-    return _save_single(
+    outcome = _save_single(
         run, spec, fused, data, runs_dir / run, sig, device, started, options, extra
+    )
+    full = options.train.select == "full"
+    cases = sample if full and 0 < sample < len(data.valid) else len(data.valid)
+    parts_best = {}
+    for part in spec.parts:
+        best = (read_run_json(runs_dir / part) or {}).get("best") or {}
+        value = (best.get("valid_full") if full else best.get("valid")) or {}
+        if "hit@10" in value:
+            parts_best[part] = float(value["hit@10"])
+    fused_value = (outcome.valid_full if full else outcome.valid).get("hit@10")
+    if fused_value is not None:
+        note = fusion_note(run, options.alpha, float(fused_value), parts_best, cases,
+                           "full" if full else "sampled")
+        if note:
+            log(note)
+    return outcome
+
+
+def fusion_note(
+    run: str, alpha: float, fused: float, parts: dict[str, float], cases: int, protocol: str
+) -> str | None:
+    """A note when the fusion's validation hit@10 is below its better part's by more than two
+    standard errors (of a hit rate over ``cases``): typically a part trained too briefly (a
+    short --time-limit) pulling eq. 20's fixed α down. None otherwise."""
+    if not parts or cases <= 0:
+        return None
+    part, best = max(parts.items(), key=lambda kv: kv[1])
+    error = math.sqrt(max(best * (1 - best), 1e-12) / cases)
+    if fused >= best - 2 * error:
+        return None
+    return (
+        f"note: {run} (α {alpha:g}) is below its {part} part on validation ({protocol} hit@10 "
+        f"{fused:.4f} against {best:.4f}, more than two standard errors); a part trained too "
+        f"briefly weighs the fusion down. `masr evaluate --split valid --alpha 0.75 --alpha 1` "
+        f"compares other weights of eq. 20, `masr export --alpha A` serves one"
     )
 
 
