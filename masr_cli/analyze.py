@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -125,7 +125,7 @@ def attention(
 
       masr analyze attention --runs runs/mass --runs runs-dot/mass --out analysis
     """
-    from masr.analyze import attention_correlation
+    from masr.analyze import attention_correlation, rho_text
     from masr.atomic import atomic_file
     from masr.dataset import load_prepared
     from masr.errors import MasrError
@@ -147,9 +147,11 @@ def attention(
     with atomic_file(out / "attention.json", "w") as fh:
         json.dump(table, fh, indent=2)
         fh.write("\n")
+    constant = "undefined (constant weights)"
     for p, row in zip(pairs, rows, strict=True):
-        console.print(f"{p.run} ({p.label}): rho = {_rho(row, 'pearson')}, within cases "
-                      f"{_rho(row, 'pearson_within')}, over {len(p.pmi)} members")
+        console.print(f"{p.run} ({p.label}): rho = {rho_text(row, 'pearson', constant)}, "
+                      f"within cases {rho_text(row, 'pearson_within', constant)}, over "
+                      f"{len(p.pmi)} members")
     panels = {f"{p.label}\n{Path(p.run).parent.name}/{Path(p.run).name}":
               (p.pmi.tolist(), p.weight.tolist(), p.pearson, p.pearson_within) for p in pairs}
     _wrote(out / "attention.json", maybe(plot_attention, panels, out / "attention.png"))
@@ -162,14 +164,6 @@ def _wrote(table: Path, png: Path | None) -> None:
         console.print(f"wrote {table}")
     else:
         console.print(f"wrote {table} and {png}")
-
-
-def _rho(row: dict[str, Any], key: str) -> str:
-    """"0.1234 ± 0.0200" (with a bootstrap standard error), or why there is none."""
-    if row[key] is None:
-        return "undefined (constant weights)"
-    se = row.get(f"{key}_se")
-    return f"{row[key]:.4f}" + ("" if se is None else f" ± {se:.4f}")
 
 
 def speed(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,10 +58,15 @@ class AttentionPairs:
         """ρ of each side's deviation from its case's mean (1/|members| for both)."""
         return _pearson(_centred(self.pmi, self.case), _centred(self.weight, self.case))
 
+    @cached_property
+    def _case_slots(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first slot, slot count) of every case (``case`` is sorted), found once."""
+        starts = np.searchsorted(self.case, np.arange(self.cases))
+        return starts, np.searchsorted(self.case, np.arange(self.cases), side="right") - starts
+
     def resampled(self, rng: np.random.Generator) -> AttentionPairs:
         """The same number of cases drawn with replacement, each with all its member slots."""
-        starts = np.searchsorted(self.case, np.arange(self.cases))
-        sizes = np.searchsorted(self.case, np.arange(self.cases), side="right") - starts
+        starts, sizes = self._case_slots
         pick = rng.integers(0, self.cases, self.cases)
         lengths = sizes[pick]
         # slot index = the picked case's start + the offset within it
@@ -124,6 +130,15 @@ def _centred(values: np.ndarray, case: np.ndarray) -> np.ndarray:
 
 def _rounded(value: float) -> float | None:
     return None if np.isnan(value) else round(value, 6)
+
+
+def rho_text(row: dict[str, Any], key: str, undefined: str = "—") -> str:
+    """A JSON row's ρ (``key``: "pearson", "pearson_within") as "0.1234 ± 0.0200" (with its
+    bootstrap standard error when the row has one), ``undefined`` where it has none."""
+    if row.get(key) is None:
+        return undefined
+    se = row.get(f"{key}_se")
+    return f"{row[key]:.4f}" + ("" if se is None else f" ± {se:.4f}")
 
 
 def song_playlists(data: PreparedData) -> list[np.ndarray]:

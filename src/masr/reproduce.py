@@ -312,12 +312,6 @@ def _write_figures(out: Path, tables: dict[str, Any], pairs: list[Any]) -> list[
     ]
 
 
-def _with_se(row: dict[str, Any], key: str) -> str:
-    """"0.1234 ± 0.0200" where the row has a bootstrap standard error, else the value."""
-    se = row.get(f"{key}_se")
-    return _num(row.get(key)) + ("" if se is None or row.get(key) is None else f" ± {se:.4f}")
-
-
 def _num(v: float | None) -> str:
     return "—" if v is None else f"{v:.4f}"
 
@@ -358,6 +352,7 @@ def _write_report(
     out: Path, tables: dict[str, Any], seconds: dict[str, float], config: ReproduceConfig,
     data_path: Path,
 ) -> Path:
+    from masr.analyze import rho_text
     from masr.atomic import atomic_file
 
     labels = dict(PAPER_BASELINES + EXTRA_BASELINES + OURS + ABLATIONS)
@@ -410,7 +405,7 @@ def _write_report(
         "",
         "| attention | Pearson ρ | ρ within cases | member slots | cases |",
         "|---|---:|---:|---:|---:|",
-        *(f"| {a} | {_with_se(v, 'pearson')} | {_with_se(v, 'pearson_within')} | {v['pairs']} "
+        *(f"| {a} | {rho_text(v, 'pearson')} | {rho_text(v, 'pearson_within')} | {v['pairs']} "
           f"| {v['cases']} |"
           for a, v in tables["fig6_attention"].items()),
         "",
