@@ -90,11 +90,30 @@ def command(
             show_default=False,
         ),
     ] = None,
-    user_col: Annotated[str, typer.Option(help="Input column holding the user id.")] = "user_id",
+    user_col: Annotated[
+        str | None,
+        typer.Option(
+            help="Input column holding the user id \\[default: the name in the model's "
+            "training data (masr prep --user-col), else user_id].",
+            show_default=False,
+        ),
+    ] = None,
     playlist_col: Annotated[
-        str, typer.Option(help="Input column holding the playlist id (a playlist's key).")
-    ] = "playlist_id",
-    track_col: Annotated[str, typer.Option(help="Input column holding the track id.")] = "track_id",
+        str | None,
+        typer.Option(
+            help="Input column holding the playlist id (a playlist's key) \\[default: as in "
+            "the model's training data, else playlist_id].",
+            show_default=False,
+        ),
+    ] = None,
+    track_col: Annotated[
+        str | None,
+        typer.Option(
+            help="Input column holding the track id \\[default: as in the model's training "
+            "data, else track_id].",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Recommend K new songs for every playlist in INPUT, offline, with ONNX Runtime (no torch).
 
@@ -107,8 +126,7 @@ def command(
 
     Example: masr score examples/playlists.csv > recs.csv
     """
-    from masr.io import Columns
-    from masr.score import ScoreConfig, score_file
+    from masr.score import ScoreConfig, input_columns, score_file
 
     config = ScoreConfig(
         k=k,
@@ -118,7 +136,9 @@ def command(
         workers=workers,
         engine=engine.value,
         out_format=out_format.value,
-        columns=Columns(user=user_col, playlist=playlist_col, track=track_col),
+        columns=input_columns(
+            model, {"user": user_col, "playlist": playlist_col, "track": track_col}, log_line
+        ),
     )
     if out is not None and str(out) == "-":  # as --json - elsewhere: stdout
         out = None

@@ -340,3 +340,41 @@ def test_a_cuda_session_hints_at_a_whole_catalog_chunk(
         "masr export --chunk 49 scores faster"
     ]
     assert read_out(tmp_path / "o.csv").height == 3
+
+
+def _export_with_columns(tmp_path: Path, exported: Path, columns: dict[str, str] | None) -> Path:
+    """A copy of the export whose metadata file records ``columns`` as its training data's."""
+    import shutil
+
+    for f in exported.parent.iterdir():
+        if f.name.startswith(exported.name):
+            shutil.copy(f, tmp_path / f.name)
+    side = tmp_path / f"{exported.name}.json"
+    meta = json.loads(side.read_text())
+    meta["data"]["columns"] = columns
+    side.write_text(json.dumps(meta))
+    return tmp_path / exported.name
+
+
+def test_input_columns_default_to_the_training_datas(tmp_path: Path, exported: Path) -> None:
+    """masr prep --user-col owner ...: masr score reads the same names without options; an
+    option still wins, field by field; an export without recorded columns keeps the defaults."""
+    from masr.score import input_columns
+
+    model = _export_with_columns(tmp_path, exported, {"user": "owner", "playlist": "pid",
+                                                      "track": "uri"})
+    said: list[str] = []
+    assert input_columns(model, say=said.append) == Columns("owner", "pid", "uri")
+    assert said and "user = owner" in said[0]
+    given = {"user": None, "playlist": None, "track": "song"}
+    assert input_columns(model, given) == Columns("owner", "pid", "song")
+    assert input_columns(tmp_path / "no-such.onnx") == Columns()
+    (tmp_path / "old").mkdir()
+    assert input_columns(_export_with_columns(tmp_path / "old", exported, None)) == Columns()
+
+    frame = pl.DataFrame({"owner": ["u0", "u0"], "pid": ["p0", "p0"], "uri": ["s1", "s2"]})
+    frame.write_csv(tmp_path / "in.csv")
+    summary = score_file(tmp_path / "in.csv", model, tmp_path / "o.csv", ScoreConfig(k=3))
+    assert summary.playlists == 1 and read_out(tmp_path / "o.csv").height == 3
+    with pytest.raises(MasrError, match="missing column 'user_id'.*--user-col"):
+        score_file(tmp_path / "in.csv", model, None, ScoreConfig(k=3, columns=Columns()))

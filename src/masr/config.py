@@ -499,7 +499,9 @@ class ScoreConfig:
     k: int = 10  # songs per playlist
     batch_size: int | None = None  # playlists per ONNX Runtime call; None: 16 on CPU, 512 on CUDA
     device: str = "auto"  # "auto" (CUDA when it really works, else CPU), "cpu" or "cuda"
-    columns: Columns = field(default_factory=Columns)
+    #: the input's id columns; None: those of the data the model was trained on (recorded by
+    #: ``masr export``), else user_id, playlist_id, track_id (``masr.score.input_columns``)
+    columns: Columns | None = None
     read_rows: int = 200_000  # input rows per read chunk
     #: concurrent ONNX Runtime calls: threads on CPU (local) or Ray actors (ray); None: one per
     #: CPU core (local), one per CPU or GPU of the Ray cluster (ray)

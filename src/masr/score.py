@@ -33,7 +33,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -590,6 +590,8 @@ def score_file(
     config = config or ScoreConfig()
     config.validate()
     say = log or (lambda _msg: None)
+    if config.columns is None:
+        config = replace(config, columns=input_columns(model, say=say))
     if config.engine == "ray":  # Ray is imported there, never on this engine's path
         from masr.score_ray import score_ray
 
@@ -617,6 +619,36 @@ def score_file(
         exported.close()
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def input_columns(
+    model: str | Path,
+    given: dict[str, str | None] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Columns:
+    """The id columns to read a playlists file with: each name in ``given`` (``--user-col``
+    ...) when not None, else the one of the data the model was trained on (``masr prep``'s
+    columns, which ``masr export`` records in its metadata file), else the default name
+    (``user_id``, ``playlist_id``, ``track_id``). A missing or unreadable metadata file leaves
+    the defaults: loading the model reports it."""
+    given = {k: v for k, v in (given or {}).items() if v is not None}
+    recorded: dict[str, str] = {}
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+        meta = json.loads(sidecar(model, "json").read_text())
+        recorded = {
+            k: v for k, v in (meta.get("data", {}).get("columns") or {}).items()
+            if k in ("user", "playlist", "track") and isinstance(v, str)
+        }
+    from_export = {k: v for k, v in recorded.items() if k not in given}
+    columns = Columns(**{**Columns().as_dict(), **from_export, **given})
+    if say is not None and from_export and from_export != {
+        k: v for k, v in Columns().as_dict().items() if k in from_export
+    }:
+        say(
+            "input columns as in the model's training data: "
+            + ", ".join(f"{k} = {v}" for k, v in from_export.items())
+        )
+    return columns
 
 
 def check_paths(input: Path, out: str | Path | None, config: ScoreConfig) -> None:

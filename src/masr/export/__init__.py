@@ -165,6 +165,8 @@ def export_model(
             "checksum": manifest.get("checksum"),
             "path": str(data_dir),
             "input": manifest.get("input"),
+            # the prepared input's id columns: masr score reads files with the same names
+            "columns": manifest.get("columns"),
         }
         weights, folder = None, None
         if config.external_data or external.too_large(graph, arrays):
