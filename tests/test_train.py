@@ -467,7 +467,7 @@ def test_configs_are_checked_when_made() -> None:
 
 
 def test_fit_validation_keeps_a_quarter_of_the_budget_for_validation() -> None:
-    from masr.train import MIN_VALID_SAMPLE, VALID_SHARE, fit_validation
+    from masr.train import MIN_VALID_SAMPLE, VALID_EPOCH_RATIO, VALID_SHARE, fit_validation
 
     limited = TrainConfig(time_limit=400.0)
     assert VALID_SHARE * limited.time_limit == 100.0
@@ -476,6 +476,31 @@ def test_fit_validation_keeps_a_quarter_of_the_budget_for_validation() -> None:
     assert fit_validation(limited, 20.0, 160.0, 2000) == 1000  # 80 s left for 160 s of 2000
     assert fit_validation(limited, 120.0, 160.0, 2000) == MIN_VALID_SAMPLE  # floor
     assert fit_validation(limited, 20.0, 1600.0, 150) == 150  # never more than asked
+    # given the first epoch's training time, validation takes at most VALID_EPOCH_RATIO of it
+    assert VALID_EPOCH_RATIO == 1.0
+    assert fit_validation(limited, 20.0, 80.0, 2000, train_seconds=500.0) == 2000
+    assert fit_validation(limited, 20.0, 80.0, 2000, train_seconds=60.0) == 1000  # 40 s of 80
+    assert fit_validation(limited, 20.0, 160.0, 2000, train_seconds=500.0) == 1000  # the share
+    assert fit_validation(TrainConfig(), 20.0, 160.0, 2000, train_seconds=1.0) == 2000
+
+
+def test_a_time_limited_run_fits_its_validation_to_its_first_epoch(
+    planted: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validation estimated well inside a quarter of the budget but longer than the first
+    epoch's training: cut after that epoch, before its validation, and kept by --resume."""
+    import masr.train as train
+    from masr.models.mdr import MDR, MDRConfig
+
+    monkeypatch.setattr(train, "MIN_VALID_SAMPLE", 10)
+    monkeypatch.setattr(train, "estimate_validation", lambda *args, **kw: (0.0, 50.0))
+    logs: list[str] = []
+    model = MDR(MDRConfig(dim=8), planted.n_users, planted.n_playlists, planted.n_songs)
+    config = TrainConfig(epochs=2, patience=0, time_limit=10_000.0, valid_sample=0, **FAST)
+    result = train_model(model, planted, config, run_dir=tmp_path, log=logs.append)
+    assert result.extra["valid_sample"] == 10 and len(result.history) == 2
+    assert len(logs) == 1 and "of training" in logs[0] and "ranking 10 instead" in logs[0]
+    assert load_checkpoint(tmp_path / "best.pt")["train_config"]["valid_sample"] == 10
 
 
 def test_estimate_validation_times_both_protocols(planted: PreparedData) -> None:
