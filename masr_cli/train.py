@@ -252,7 +252,8 @@ def command(
             "amass): the step that passes it ends the epoch, which is validated and kept, and "
             "the run; 0 = no limit. Gives every model the same budget. Room is kept for each "
             "epoch's validation (the first one's estimated before training); when it would "
-            "take more than a quarter of the limit, fewer --valid-sample cases are ranked "
+            "take more than a quarter of the limit, or longer than the first epoch's "
+            "training and a twentieth of the limit, fewer --valid-sample cases are ranked "
             "(stderr says how many).",
         ),
     ] = _T.time_limit,

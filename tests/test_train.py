@@ -467,7 +467,13 @@ def test_configs_are_checked_when_made() -> None:
 
 
 def test_fit_validation_keeps_a_quarter_of_the_budget_for_validation() -> None:
-    from masr.train import MIN_VALID_SAMPLE, VALID_EPOCH_RATIO, VALID_SHARE, fit_validation
+    from masr.train import (
+        MIN_VALID_SAMPLE,
+        VALID_EPOCH_RATIO,
+        VALID_FREE_SHARE,
+        VALID_SHARE,
+        fit_validation,
+    )
 
     limited = TrainConfig(time_limit=400.0)
     assert VALID_SHARE * limited.time_limit == 100.0
@@ -482,6 +488,10 @@ def test_fit_validation_keeps_a_quarter_of_the_budget_for_validation() -> None:
     assert fit_validation(limited, 20.0, 80.0, 2000, train_seconds=60.0) == 1000  # 40 s of 80
     assert fit_validation(limited, 20.0, 160.0, 2000, train_seconds=500.0) == 1000  # the share
     assert fit_validation(TrainConfig(), 20.0, 160.0, 2000, train_seconds=1.0) == 2000
+    # ... but a validation within VALID_FREE_SHARE of the limit (20 s of 400) stays whole
+    assert VALID_FREE_SHARE * limited.time_limit == 20.0
+    assert fit_validation(limited, 1.0, 19.0, 2000, train_seconds=4.0) == 2000
+    assert fit_validation(limited, 0.0, 40.0, 2000, train_seconds=4.0) == 1000
 
 
 def test_a_time_limited_run_fits_its_validation_to_its_first_epoch(
@@ -496,11 +506,14 @@ def test_a_time_limited_run_fits_its_validation_to_its_first_epoch(
     monkeypatch.setattr(train, "estimate_validation", lambda *args, **kw: (0.0, 50.0))
     logs: list[str] = []
     model = MDR(MDRConfig(dim=8), planted.n_users, planted.n_playlists, planted.n_songs)
-    config = TrainConfig(epochs=2, patience=0, time_limit=10_000.0, valid_sample=0, **FAST)
+    # 50 s: within a quarter of 400 s, above the 20 s that stay whole whatever the epoch takes
+    config = TrainConfig(epochs=2, patience=0, time_limit=400.0, valid_sample=0, **FAST)
     result = train_model(model, planted, config, run_dir=tmp_path, log=logs.append)
-    assert result.extra["valid_sample"] == 10 and len(result.history) == 2
-    assert len(logs) == 1 and "of training" in logs[0] and "ranking 10 instead" in logs[0]
-    assert load_checkpoint(tmp_path / "best.pt")["train_config"]["valid_sample"] == 10
+    keep = max(10, int(len(planted.valid) * 20 / 50))
+    assert keep < len(planted.valid)
+    assert result.extra["valid_sample"] == keep and len(result.history) == 2
+    assert len(logs) == 1 and "of training" in logs[0] and f"ranking {keep:,} instead" in logs[0]
+    assert load_checkpoint(tmp_path / "best.pt")["train_config"]["valid_sample"] == keep
 
 
 def test_estimate_validation_times_both_protocols(planted: PreparedData) -> None:

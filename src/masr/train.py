@@ -389,6 +389,8 @@ MIN_VALID_SAMPLE = 200
 #: epoch's training: where ranking the whole catalog is dear (MASS on a catalog of 100K songs:
 #: 2,000 cases took 3.5x its training epoch on a CPU core), a budget buys epochs, not checks
 VALID_EPOCH_RATIO = 1.0
+#: ... unless it takes less than this share of the limit (cheap validations stay whole)
+VALID_FREE_SHARE = 0.05
 
 
 def estimate_validation(
@@ -448,12 +450,14 @@ def fit_validation(
     ``n_full`` (its ``valid_sample``, all of them when 0), or fewer when one epoch's validation,
     estimated at ``sampled_seconds`` + ``full_seconds``, would take more than ``VALID_SHARE``
     of the limit, or, given the first epoch's ``train_seconds``, more than
-    ``VALID_EPOCH_RATIO`` times them (never fewer than ``MIN_VALID_SAMPLE``)."""
+    ``VALID_EPOCH_RATIO`` times them and ``VALID_FREE_SHARE`` of the limit (never fewer than
+    ``MIN_VALID_SAMPLE``)."""
     if not config.time_limit or full_seconds <= 0:
         return n_full
     room = VALID_SHARE * config.time_limit
     if train_seconds is not None:
-        room = min(room, VALID_EPOCH_RATIO * train_seconds)
+        free = VALID_FREE_SHARE * config.time_limit
+        room = min(room, max(VALID_EPOCH_RATIO * train_seconds, free))
     if sampled_seconds + full_seconds <= room:
         return n_full
     keep = int(n_full * max(room - sampled_seconds, 0.0) / full_seconds)
