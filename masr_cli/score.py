@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -126,7 +127,7 @@ def command(
 
     Example: masr score examples/playlists.csv > recs.csv
     """
-    from masr.score import ScoreConfig, input_columns, score_file
+    from masr.score import ScoreConfig, check_model_path, input_columns, score_file
 
     config = ScoreConfig(
         k=k,
@@ -136,10 +137,13 @@ def command(
         workers=workers,
         engine=engine.value,
         out_format=out_format.value,
-        columns=input_columns(
-            model, {"user": user_col, "playlist": playlist_col, "track": track_col}, log_line
-        ),
+        columns=None,
     )
+    config.validate()
+    # each id column as named, else as in the model's training data (its export's metadata)
+    given = {"user": user_col, "playlist": playlist_col, "track": track_col}
+    columns = input_columns(check_model_path(model), given, log_line)
+    config = replace(config, columns=columns)
     if out is not None and str(out) == "-":  # as --json - elsewhere: stdout
         out = None
     summary = score_file(input, model, out, config, log=log_line)

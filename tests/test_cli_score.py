@@ -128,6 +128,8 @@ def test_score_out_file_and_defaults_from_the_working_directory(
         (["score", "{tmp}/missing.csv", "--model", "{model}"], "missing.csv: no such file"),
         (["score", "{tmp}", "--model", "{model}"], "is a directory"),
         (["score", "{tmp}/in.csv", "--model", "{tmp}/none.onnx"], "no such file; export one"),
+        # the column names come from the model: a missing model is named, not the columns
+        (["score", "{tmp}/odd.csv", "--model", "{tmp}/none.onnx"], "no such file; export one"),
         (["score", "{tmp}/in.csv", "--model", "{model}", "--k", "0"], "--k 0: must be >= 1"),
         (
             ["score", "{tmp}/in.csv", "--model", "{model}", "--track-col", "uri"],
@@ -142,6 +144,7 @@ def test_errors_are_one_line_with_exit_1(
     tmp_path: Path, model: Path, runs: Path, args: list[str], message: str
 ) -> None:
     (tmp_path / "in.csv").write_text(ROWS)
+    (tmp_path / "odd.csv").write_text("owner,pid,uri\nu0,p0,s1\n")
     out = tmp_path / "o.csv"
     filled = [a.format(tmp=tmp_path, model=model, runs=runs) for a in args]
     result = runner.invoke(app, [*filled, *(["--out", str(out)] if args[0] == "score" else [])])

@@ -142,11 +142,7 @@ class Engine:
         batch_size: int | None = None,
         threads: int | None = None,
     ) -> None:
-        path = Path(path)
-        if not path.exists():
-            raise MasrError(f"--model {path}: no such file; export one first (masr export)")
-        if path.is_dir():
-            raise MasrError(f"--model {path}: is a directory, expected an .onnx file")
+        path = check_model_path(path)
         self.path = path
         ort = _quiet_onnxruntime()
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -591,7 +587,8 @@ def score_file(
     config.validate()
     say = log or (lambda _msg: None)
     if config.columns is None:
-        config = replace(config, columns=input_columns(model, say=say))
+        # the input's column names come from the export's metadata: the model first
+        config = replace(config, columns=input_columns(check_model_path(model), say=say))
     if config.engine == "ray":  # Ray is imported there, never on this engine's path
         from masr.score_ray import score_ray
 
@@ -619,6 +616,16 @@ def score_file(
         exported.close()
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def check_model_path(path: str | Path) -> Path:
+    """``path`` as a Path when it names a file (one error line otherwise)."""
+    path = Path(path)
+    if not path.exists():
+        raise MasrError(f"--model {path}: no such file; export one first (masr export)")
+    if path.is_dir():
+        raise MasrError(f"--model {path}: is a directory, expected an .onnx file")
+    return path
 
 
 def input_columns(
