@@ -355,3 +355,32 @@ def test_codes_rank_by_id_string_even_with_hash_collisions(monkeypatch):
     )
     codes2, uniq2 = _codes(ids)
     assert uniq2.to_list() == uniq.to_list() and codes2.tolist() == codes.tolist()
+
+
+def test_table_digest_is_of_the_content_not_the_file_bytes(tmp_path) -> None:
+    """Another Parquet writer (here: other compression and row groups, as another polars
+    version writes) keeps the digest, so the fingerprint; any changed value changes it."""
+    from masr.prep import table_digest
+
+    df = pl.DataFrame(
+        {
+            "playlist_idx": pl.Series([0, 1, 2], dtype=pl.Int32),
+            "negatives": [[3, 4], [], [5]],
+            "name": ["a", None, "ü"],
+            "score": [0.5, None, 2.0],
+        }
+    )
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    df.write_parquet(a, compression="zstd")
+    df.write_parquet(b, compression="uncompressed", row_group_size=1, statistics=False)
+    assert a.read_bytes() != b.read_bytes()
+    assert table_digest(a) == table_digest(b)
+    for changed in (
+        df.with_columns(pl.Series("negatives", [[3, 4], [5], []])),  # same elements, moved
+        df.with_columns(pl.Series("name", ["a", "", "ü"])),  # null is not ""
+        df.with_columns(pl.Series("name", ["ab", None, "ü"])),
+        df.rename({"score": "other"}),
+        df.with_columns(pl.col("score").fill_null(0.0)),
+    ):
+        changed.write_parquet(b)
+        assert table_digest(b) != table_digest(a)

@@ -98,10 +98,12 @@ class PreparedData:
 
 
 def fingerprint_of(manifest: dict) -> str:
-    """A stable hash of the prepared data: of its tables' bytes (``manifest["tables"]``, their
-    sha256, written by ``masr prep`` since 2026-11-29) and the format version, so the same data
-    prepared from another path, a renamed copy, the synthetic file or the embedded generator has
-    one fingerprint; for older manifests, of the manifest's content fields (all but timings)."""
+    """A stable hash of the prepared data: of its tables (``manifest["tables"]``: the sha256 of
+    each one's content, ``masr.prep.table_digest``, since 2026-11-29 (twenty-second session);
+    of each one's file bytes before, which the Parquet writer's version changed) and the format
+    version, so the same data prepared from another path, a renamed copy, the synthetic file
+    or the embedded generator, or by another polars version, has one fingerprint; for older
+    manifests, of the manifest's content fields (all but timings)."""
     if "tables" in manifest:
         body = {"format_version": manifest.get("format_version"), "tables": manifest["tables"]}
     else:

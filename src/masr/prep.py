@@ -601,20 +601,56 @@ def _prepare(
             del df
         say(f"sampled negatives in {time.perf_counter() - t0:.2f}s")
         manifest["seconds"] = round(time.perf_counter() - t0, 3)
-        manifest["tables"] = {f.name: _sha256(f) for f in sorted(tmp.glob("*.parquet"))}
+        manifest["tables"] = {f.name: table_digest(f) for f in sorted(tmp.glob("*.parquet"))}
         manifest["fingerprint"] = fingerprint_of(manifest)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     say(f"wrote {out} in {time.perf_counter() - t0:.2f}s")
     return PrepResult(manifest=manifest, out=out)
 
 
-def _sha256(path: Path) -> str:
-    """The sha256 of a file, read in 4 MiB blocks (a table may be gigabytes)."""
+def table_digest(path: Path) -> str:
+    """The sha256 of a Parquet table's content: its column names, kinds and values, not its
+    file's bytes, which change with the Parquet writer (polars 2 writes other bytes than
+    polars 1 for the same table), so the same data prepared by another version keeps its
+    fingerprint. Read one column at a time (a table may be gigabytes)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 22):
-            digest.update(block)
+    for name, dtype in pl.read_parquet_schema(path).items():
+        column = pl.read_parquet(path, columns=[name]).to_series()
+        digest.update(f"{name}\0{_kind(dtype)}\0{len(column)}\0".encode())
+        _digest_values(digest.update, column)
     return digest.hexdigest()
+
+
+def _kind(dtype: pl.DataType) -> str:
+    """A version-independent name of a column's kind: int, float, bool, str or list[...]."""
+    if isinstance(dtype, pl.List):
+        return f"list[{_kind(dtype.inner)}]"
+    if dtype.is_integer():
+        return "int"
+    if dtype.is_float():
+        return "float"
+    if dtype == pl.Boolean:
+        return "bool"
+    return "str"
+
+
+def _digest_values(update: Callable[[bytes], None], column: pl.Series) -> None:
+    """Feed ``column``'s values to a digest's ``update``: nulls as a mask, numbers as little-endian
+    64-bit, text as UTF-8 with lengths, lists as their lengths and then their elements."""
+    nulls = column.is_null()
+    if nulls.any():
+        update(b"nulls" + np.packbits(nulls.to_numpy()).tobytes())
+    if isinstance(column.dtype, pl.List):
+        update(column.list.len().fill_null(0).cast(pl.Int64).to_numpy().astype("<i8").tobytes())
+        _digest_values(update, column.explode().drop_nulls())  # elements are never null here
+    elif column.dtype.is_integer() or column.dtype == pl.Boolean:
+        update(column.cast(pl.Int64).fill_null(0).to_numpy().astype("<i8").tobytes())
+    elif column.dtype.is_float():
+        update(column.cast(pl.Float64).fill_null(0).to_numpy().astype("<f8").tobytes())
+    else:
+        text = column.cast(pl.String).fill_null("")
+        update(text.str.len_bytes().cast(pl.Int64).to_numpy().astype("<i8").tobytes())
+        update("".join(text.to_list()).encode())
 
 
 def _negative_lists(
