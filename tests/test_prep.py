@@ -357,10 +357,17 @@ def test_codes_rank_by_id_string_even_with_hash_collisions(monkeypatch):
     assert uniq2.to_list() == uniq.to_list() and codes2.tolist() == codes.tolist()
 
 
-def test_table_digest_is_of_the_content_not_the_file_bytes(tmp_path) -> None:
+@pytest.mark.parametrize("digest_rows", [2, 1 << 20])
+def test_table_digest_is_of_the_content_not_the_file_bytes(
+    tmp_path, monkeypatch, digest_rows
+) -> None:
     """Another Parquet writer (here: other compression and row groups, as another polars
-    version writes) keeps the digest, so the fingerprint; any changed value changes it."""
+    version writes) keeps the digest, so the fingerprint; any changed value changes it; also
+    when a column is encoded in several pieces."""
+    import masr.prep
     from masr.prep import table_digest
+
+    monkeypatch.setattr(masr.prep, "DIGEST_ROWS", digest_rows)
 
     df = pl.DataFrame(
         {

@@ -612,13 +612,19 @@ def table_digest(path: Path) -> str:
     """The sha256 of a Parquet table's content: its column names, kinds and values, not its
     file's bytes, which change with the Parquet writer (polars 2 writes other bytes than
     polars 1 for the same table), so the same data prepared by another version keeps its
-    fingerprint. Read one column at a time (a table may be gigabytes)."""
+    fingerprint. Read one column at a time and encoded ``DIGEST_ROWS`` rows at a time (a table
+    may be gigabytes)."""
     digest = hashlib.sha256()
     for name, dtype in pl.read_parquet_schema(path).items():
         column = pl.read_parquet(path, columns=[name]).to_series()
         digest.update(f"{name}\0{_kind(dtype)}\0{len(column)}\0".encode())
-        _digest_values(digest.update, column)
+        for start in range(0, len(column), DIGEST_ROWS):
+            _digest_values(digest.update, column.slice(start, DIGEST_ROWS))
     return digest.hexdigest()
+
+
+#: rows of a column encoded at a time by ``table_digest`` (part of the digest's definition)
+DIGEST_ROWS = 1 << 20
 
 
 def _kind(dtype: pl.DataType) -> str:
