@@ -608,6 +608,10 @@ def _prepare(
     return PrepResult(manifest=manifest, out=out)
 
 
+#: rows of a column encoded at a time by ``table_digest`` (part of the digest's definition)
+DIGEST_ROWS = 1 << 20
+
+
 def table_digest(path: Path) -> str:
     """The sha256 of a Parquet table's content: its column names, kinds and values, not its
     file's bytes, which change with the Parquet writer (polars 2 writes other bytes than
@@ -622,9 +626,6 @@ def table_digest(path: Path) -> str:
             _digest_values(digest.update, column.slice(start, DIGEST_ROWS))
     return digest.hexdigest()
 
-
-#: rows of a column encoded at a time by ``table_digest`` (part of the digest's definition)
-DIGEST_ROWS = 1 << 20
 
 
 def _kind(dtype: pl.DataType) -> str:
