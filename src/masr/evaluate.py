@@ -120,6 +120,30 @@ def _by_length(model: Recommender, cases: Cases, index: TrainingIndex) -> np.nda
     return np.argsort(lengths, kind="stable")
 
 
+def sampled_batch_size(model: Recommender, cases: Cases, index: TrainingIndex) -> int:
+    """Cases per batch of ``sampled_ranks`` when it is not given one."""
+    members = min(index.max_length, 10_000) if model.uses_members else 1
+    batch_size = max(1, min(4096, _BUDGET // ((1 + cases.negatives.shape[1]) * members)))
+    return _capped(batch_size, model, index)
+
+
+def full_batch_size(model: Recommender, index: TrainingIndex) -> int:
+    """Cases per batch of ``full_ranks`` when it is not given one."""
+    return _capped(max(1, min(1024, (_BUDGET * 4) // index.n_songs)), model, index, "full")
+
+
+def padded_slots(cases: Cases, index: TrainingIndex, batch_size: int) -> int:
+    """The member slots a member-reading model's ranking fills for ``cases`` in batches of
+    ``batch_size`` (in order of playlist length, each batch padded to its longest playlist):
+    what its time grows with (``masr.train.estimate_validation``)."""
+    indptr = index.indptr.cpu().numpy()
+    lengths = np.sort(np.maximum(indptr[cases.playlist + 1] - indptr[cases.playlist], 1))
+    return int(sum(
+        int(lengths[i : i + batch_size].max()) * len(lengths[i : i + batch_size])
+        for i in range(0, len(lengths), batch_size)
+    ))
+
+
 def _batches(
     order: np.ndarray, cases: Cases, index: TrainingIndex, batch_size: int
 ) -> Iterator[tuple[slice, Tensor, Tensor]]:
@@ -175,12 +199,8 @@ def _sampled_ranks_many(
     from masr.sampling import context_batch
 
     device = index.device
-    k = cases.negatives.shape[1]
-    width = 1 + k
     if batch_size is None:
-        members = min(index.max_length, 10_000) if model.uses_members else 1
-        batch_size = max(1, min(4096, _BUDGET // (width * members)))
-        batch_size = _capped(batch_size, model, index)
+        batch_size = sampled_batch_size(model, cases, index)
     order = _by_length(model, cases, index)
     negs_all = torch.as_tensor(cases.negatives[order], dtype=torch.long)
     out: dict[str, list] = {name: [] for name in ("", *on_top)}
@@ -218,10 +238,8 @@ def _full_ranks_many(
 
     from masr.sampling import context_batch, playlist_members
 
-    v = index.n_songs
     if batch_size is None:
-        batch_size = max(1, min(1024, (_BUDGET * 4) // v))
-        batch_size = _capped(batch_size, model, index, "full")
+        batch_size = full_batch_size(model, index)
     order = _by_length(model, cases, index)
     out: dict[str, list] = {name: [] for name in ("", *on_top)}
     with torch.no_grad():

@@ -63,7 +63,16 @@ from masr.distributed import (
     world,
 )
 from masr.errors import MasrError
-from masr.evaluate import better, evaluate_model, full_ranks, sampled_ranks, subsample_cases
+from masr.evaluate import (
+    better,
+    evaluate_model,
+    full_batch_size,
+    full_ranks,
+    padded_slots,
+    sampled_batch_size,
+    sampled_ranks,
+    subsample_cases,
+)
 from masr.models.base import Batch, Recommender
 from masr.sampling import (
     NegativeSampler,
@@ -399,41 +408,54 @@ def estimate_validation(
     index: TrainingIndex,
     config: TrainConfig,
     probe_sampled: int = 256,
-    probe_full: int = 32,
+    probe_full: int = 64,
 ) -> tuple[float, float]:
     """Seconds one epoch's validation should take: (sampled protocol on every validation case,
     full ranking on the ``config.valid_sample`` cases). Each protocol ranks a few of its cases
     twice, the first time untimed (it pays any compiling, which the first validation would
     pay otherwise), the second timed and scaled by the work: the case count, or for models
-    that read members the member slots (validation batches cases of similar lengths, while
-    the probe's few cases all pad to their longest)."""
+    that read members the mean of the case count's ratio and the ratio of the member slots
+    their batches fill, each padded to its longest playlist (``masr.evaluate.padded_slots``,
+    in batches of the size validation uses)."""
 
-    def work(part: Any, padded: bool) -> float:
+    def scale(probe: Any, every: Any, batch: int) -> float:
+        by_cases = len(every) / len(probe)
         if not model.uses_members:
-            return float(len(part))
-        playlists = torch.as_tensor(part.playlist, dtype=torch.long, device=index.device)
-        lengths = index.lengths(playlists).clamp(min=1)
-        return float(lengths.max()) * len(part) if padded else float(lengths.sum())
+            return by_cases
+        # MASS's cost is part per case (its queries against the whole catalog) and part per
+        # member slot: as much of each, the measured middle (docs/training.md, "Evaluation")
+        by_slots = padded_slots(every, index, batch) / padded_slots(probe, index, batch)
+        return 0.5 * (by_cases + by_slots)
 
     cases = data.valid
     full_cases = subsample_cases(cases, config.valid_sample, config.seed)
     plan = (
-        (sampled_ranks, subsample_cases(cases, probe_sampled, config.seed + 1), cases),
-        (full_ranks, subsample_cases(full_cases, probe_full, config.seed + 1), full_cases),
+        (
+            sampled_ranks,
+            subsample_cases(cases, probe_sampled, config.seed + 1),
+            cases,
+            sampled_batch_size(model, cases, index),
+        ),
+        (
+            full_ranks,
+            subsample_cases(full_cases, probe_full, config.seed + 1),
+            full_cases,
+            full_batch_size(model, index),
+        ),
     )
     was_training = model.training
     model.eval()
     estimates = []
     try:
-        for rank, probe, every in plan:
+        for rank, probe, every, batch in plan:
             if not len(probe):
                 estimates.append(0.0)
                 continue
-            rank(model, probe, index)
+            rank(model, probe, index, batch)
             t0 = time.perf_counter()
-            rank(model, probe, index)
+            rank(model, probe, index, batch)
             seconds = time.perf_counter() - t0
-            estimates.append(seconds * work(every, False) / work(probe, True))
+            estimates.append(seconds * scale(probe, every, batch))
     finally:
         model.train(was_training)
     return estimates[0], estimates[1]
