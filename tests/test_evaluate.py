@@ -324,3 +324,22 @@ def test_a_fusion_beside_its_mass_run_scores_as_it_does_alone(
         for key in (fusion, f"{fusion}@α=0.3"):
             assert together[key] == alone[key], key
         assert together[fusion]["full"] != together["mass"]["full"]  # not the part's figures
+
+
+def test_padded_slots_counts_each_length_sorted_batch_at_its_longest() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from masr.dataset import Cases
+    from masr.evaluate import padded_slots
+
+    # playlists 0..4 with 1, 2, 3, 10 and 0 training songs (0 counts as one slot)
+    index = SimpleNamespace(indptr=torch.tensor([0, 1, 3, 6, 16, 16]))
+    playlist = np.array([3, 0, 2, 1, 4])
+    cases = Cases(playlist=playlist, user=playlist, song=playlist,
+                  negatives=np.zeros((5, 1), dtype=np.int64))
+    # sorted lengths 1, 1, 2, 3, 10: batches (1, 1), (2, 3), (10)
+    assert padded_slots(cases, index, 2) == 1 * 2 + 3 * 2 + 10 * 1
+    assert padded_slots(cases, index, 5) == 10 * 5
+    assert padded_slots(cases, index, 1) == 1 + 1 + 2 + 3 + 10

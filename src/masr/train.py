@@ -395,8 +395,9 @@ VALID_SHARE = 0.25
 #: ... but never fewer than this many (one standard error of a hit@10 near 0.05: ≈ 0.015)
 MIN_VALID_SAMPLE = 200
 #: ... and, decided once the first epoch has trained, at most this many times as long as that
-#: epoch's training: where ranking the whole catalog is dear (MASS on a catalog of 100K songs:
-#: 2,000 cases took 3.5x its training epoch on a CPU core), a budget buys epochs, not checks
+#: epoch's training: where ranking the whole catalog is dear (MASS on a catalog of 108K songs:
+#: 2,000 cases took 3.5x its training epoch on a CPU core with 156-case batches, 1.5x with
+#: today's 16), a budget buys epochs, not checks
 VALID_EPOCH_RATIO = 1.0
 #: ... unless it takes less than this share of the limit (cheap validations stay whole)
 VALID_FREE_SHARE = 0.05
