@@ -34,27 +34,35 @@ if TYPE_CHECKING:
 CUTOFFS = tuple(range(1, 11))
 #: a batch holds at most this many (row, candidate, member) triples (bounds evaluation memory)
 _BUDGET = 1 << 22
-#: member-reading models on a CPU: at most this many cases per batch of the sampled protocol
-#: and of the full ranking. Cases are batched in order of playlist length and a batch pads to
-#: its longest list, so smaller batches pad less, and a smaller batch's (cases, songs, members)
-#: blocks of the full ranking stay in the CPU's caches. Measured (MASS, one core, best batch in
-#: bold; 2026-11-29, twenty-second session; docs/training.md "Evaluation"): full ranking of
-#: 1,000 AOTM validation cases 21.8 s at 256 cases a batch, 16.8 s at 32, **12.6 s at 16**,
-#: 13.4 s at 8; 500 cases of a 108K-song catalog 47.9 s at 156 (the memory bound), 27.2 s at
-#: 32, **17.5-18.1 s at 8-16**; 2,000 embedded cases 1.5 s at 256, **1.2 s at 16**. The sampled
-#: protocol (101 candidates a case) is best at 64: AOTM 20,000 cases 2.7 / **1.75** / 2.2 s at
-#: 256 / 64 / 16, embedded 0.96 / **0.51** / 0.62 s. Not applied on a GPU, where more, smaller
-#: batches mean more kernel launches (not measured there)
-_MEMBER_BATCH = {"sampled": 64, "full": 16}
+#: member-reading models on a CPU: at most this many cases per batch. Cases are batched in order
+#: of playlist length and a batch pads to its longest list, so smaller batches pad less (MASS,
+#: embedded data, 2,000 validation cases, one core: full ranking 10.5 -> 5.7 s and the sampled
+#: protocol 1.6 -> 1.0 s against batches of 1,024 and 830; docs/training.md). Not applied on a
+#: GPU, where more, smaller batches mean more kernel launches (not measured there)
+_MEMBER_BATCH = 256
+#: ... and in full ranking, at most this many (case, catalog song) pairs a batch, but never
+#: fewer than ``_MEMBER_FULL_MIN`` cases: on a large catalog a batch's (cases, songs, members)
+#: blocks then stay in the CPU's caches. Measured (MASS, one core, eager; 2026-11-29,
+#: twenty-second session; docs/training.md "Evaluation"): 1,000 AOTM validation cases (64,077
+#: songs) 21.8 s at 256 cases a batch, 16.8 s at 32, 12.6 s at 16, 13.4 s at 8; 500 cases of a
+#: 107,589-song catalog 47.9 s at 156, 27.2 s at 32, 17.5-18.1 s at 8-16. On the embedded data
+#: (2,473 songs: 256 cases a batch either way) 16 cases a batch made the README's job's
+#: validation slower (49 -> 61-68 s in all, 2 threads)
+_MEMBER_FULL_PAIRS = 1 << 20
+_MEMBER_FULL_MIN = 16
 
 
 def _capped(
     batch_size: int, model: Recommender, index: TrainingIndex, protocol: str = "sampled"
 ) -> int:
-    """``batch_size``, at most ``_MEMBER_BATCH[protocol]`` for a member-reading model on a
-    CPU."""
+    """``batch_size``, at most ``_MEMBER_BATCH`` for a member-reading model on a CPU, and in
+    full ranking (``protocol`` "full") at most ``_MEMBER_FULL_PAIRS`` case-song pairs (never
+    fewer than ``_MEMBER_FULL_MIN`` cases)."""
     if model.uses_members and index.device.type == "cpu":
-        return min(batch_size, _MEMBER_BATCH[protocol])
+        cap = _MEMBER_BATCH
+        if protocol == "full":
+            cap = min(cap, max(_MEMBER_FULL_MIN, _MEMBER_FULL_PAIRS // index.n_songs))
+        return min(batch_size, cap)
     return batch_size
 
 
