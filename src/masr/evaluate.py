@@ -123,9 +123,13 @@ def _by_length(model: Recommender, cases: Cases, index: TrainingIndex) -> np.nda
     member lists to its longest playlist, so similar lengths waste less), else as stored."""
     if not model.uses_members:
         return np.arange(len(cases))
+    return np.argsort(_case_lengths(cases, index), kind="stable")
+
+
+def _case_lengths(cases: Cases, index: TrainingIndex) -> np.ndarray:
+    """(C,) training songs of each case's playlist."""
     indptr = index.indptr.cpu().numpy()
-    lengths = indptr[cases.playlist + 1] - indptr[cases.playlist]
-    return np.argsort(lengths, kind="stable")
+    return indptr[cases.playlist + 1] - indptr[cases.playlist]
 
 
 def sampled_batch_size(model: Recommender, cases: Cases, index: TrainingIndex) -> int:
@@ -144,12 +148,12 @@ def padded_slots(cases: Cases, index: TrainingIndex, batch_size: int) -> int:
     """The member slots a member-reading model's ranking fills for ``cases`` in batches of
     ``batch_size`` (in order of playlist length, each batch padded to its longest playlist):
     what its time grows with (``masr.train.estimate_validation``)."""
-    indptr = index.indptr.cpu().numpy()
-    lengths = np.sort(np.maximum(indptr[cases.playlist + 1] - indptr[cases.playlist], 1))
-    return int(sum(
-        int(lengths[i : i + batch_size].max()) * len(lengths[i : i + batch_size])
-        for i in range(0, len(lengths), batch_size)
-    ))
+    lengths = np.sort(np.maximum(_case_lengths(cases, index), 1))
+    if not len(lengths):
+        return 0
+    starts = np.arange(0, len(lengths), batch_size)
+    longest = np.maximum.reduceat(lengths, starts)  # each batch's last = longest
+    return int((longest * np.diff(starts, append=len(lengths))).sum())
 
 
 def _batches(

@@ -646,16 +646,14 @@ def input_columns(
             k: v for k, v in (meta.get("data", {}).get("columns") or {}).items()
             if k in ("user", "playlist", "track") and isinstance(v, str)
         }
+    defaults = Columns().as_dict()
     from_export = {k: v for k, v in recorded.items() if k not in given}
-    columns = Columns(**{**Columns().as_dict(), **from_export, **given})
-    if say is not None and from_export and from_export != {
-        k: v for k, v in Columns().as_dict().items() if k in from_export
-    }:
+    if say is not None and any(v != defaults[k] for k, v in from_export.items()):
         say(
             "input columns as in the model's training data: "
             + ", ".join(f"{k} = {v}" for k, v in from_export.items())
         )
-    return columns
+    return Columns(**{**defaults, **from_export, **given})
 
 
 def check_paths(input: Path, out: str | Path | None, config: ScoreConfig) -> None:
