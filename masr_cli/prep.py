@@ -32,6 +32,15 @@ def command(
         str, typer.Option(help="Input column holding the playlist id (a playlist's key).")
     ] = "playlist_id",
     track_col: Annotated[str, typer.Option(help="Input column holding the track id.")] = "track_id",
+    position_col: Annotated[
+        str | None,
+        typer.Option(
+            help="Input column that orders a playlist's songs (a position, a timestamp, a date "
+            "or datetime): the sequential baselines (prme, transrec, caser) read that order. "
+            "Default: a column named 'position' when there is one, else the input's row order.",
+            show_default=False,
+        ),
+    ] = None,
     min_songs: Annotated[
         int, typer.Option(help="k-core: drop playlists with fewer songs (repeated until stable).")
     ] = 5,
@@ -84,7 +93,9 @@ def command(
         seed=seed,
         negatives=negatives,
     )
-    columns = Columns(user=user_col, playlist=playlist_col, track=track_col)
+    columns = Columns(
+        user=user_col, playlist=playlist_col, track=track_col, position=position_col
+    )
     result = prepare(
         input,
         out,

@@ -174,6 +174,56 @@ def test_bad_position(tmp_path):
     assert "position" in _error(path)
 
 
+def _order(path, **cols):
+    frame = read_interactions(path, Columns(**cols)).frame
+    return frame["position"].to_list()
+
+
+def test_position_col_names_the_order_column(tmp_path):
+    """--position-col reads another column as the song order; an ordinary 'position' column is
+    then just an unused column; a named column that is missing or an id is one error line."""
+    path = tmp_path / "ts.csv"
+    path.write_text("user_id,playlist_id,track_id,ts,position\nu,p,t1,300,0\nu,p,t2,100,1\n")
+    assert _order(path, position="ts") == [300, 100]
+    assert _order(path) == [0, 1]
+    assert "--position-col" in _error(path, Columns(position="when"))
+    assert "id column" in _error(path, Columns(position="track_id"))
+
+
+def test_positions_as_dates_floats_and_text(tmp_path):
+    """What real exports hold as an order: datetimes and dates (Parquet or ISO text), whole or
+    fractional floats; each becomes integers in the same order, blanks stay missing."""
+    from datetime import date, datetime
+
+    base = {"user_id": ["u"] * 3, "playlist_id": ["p"] * 3, "track_id": ["a", "b", "c"]}
+    cases = {
+        "datetime": [datetime(2024, 5, 1, 12), datetime(2023, 1, 1), datetime(2024, 5, 1, 9)],
+        "date": [date(2024, 5, 2), date(2023, 1, 1), date(2024, 5, 1)],
+        "whole": [3.0, 1.0, 2.0],
+        "fraction": [1.5, 0.25, 1.25],
+        "iso": ["2024-05-01T12:00:00", "2023-01-01T00:00:00", "2024-05-01T09:00:00"],
+        "iso_date": ["2024-05-02", "2023-01-01", "2024-05-01"],
+        "number_text": ["1.5", "0.25", " 1.25 "],
+        "blank": ["7", "", "5"],
+    }
+    for name, values in cases.items():
+        path = tmp_path / f"{name}.parquet"
+        pl.DataFrame({**base, name: values}).write_parquet(path)
+        got = _order(path, position=name)
+        if name == "blank":
+            assert got == [7, None, 5]
+            continue
+        assert got[1] < got[2] < got[0], (name, got)
+    assert _order(tmp_path / "whole.parquet", position="whole") == [3, 1, 2]
+
+
+def test_bad_position_names_the_value(tmp_path):
+    path = tmp_path / "pos.csv"
+    path.write_text("user_id,playlist_id,track_id,when\nu,p,t1,0\nu,p,t2,soon\n")
+    msg = _error(path, Columns(position="when"))
+    assert "'when'" in msg and "'soon'" in msg and "data row 2" in msg
+
+
 @pytest.mark.parametrize(
     ("content", "needle"),
     [

@@ -185,6 +185,32 @@ def test_prep_keeps_the_input_row_order_without_positions(tmp_path: Path) -> Non
     assert by_rank == kept and len(kept) == 6  # two of the eight are valid/test
 
 
+def test_prep_orders_by_the_position_col(tmp_path: Path) -> None:
+    """`masr prep --position-col ts`: a playlist's training order is its timestamps', not the
+    rows' (here the reverse), and the manifest names the column."""
+    order = [7, 2, 9, 0, 5, 3, 8, 1]
+    rows = [("u", "a", f"s{i}", f"2024-01-01T00:{59 - k:02d}:00") for k, i in enumerate(order)]
+    rows += [("u", "b", f"s{i}", f"2024-01-02T00:00:{i:02d}") for i in range(6)]
+    path = tmp_path / "in.csv"
+    pl.DataFrame(rows, schema=["user_id", "playlist_id", "track_id", "ts"], orient="row").write_csv(
+        path
+    )
+    out = tmp_path / "out"
+    args = ["prep", str(path), "--out", str(out), "--position-col", "ts", "--negatives", "3"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["sequence"] == "position" and manifest["position_col"] == "ts"
+    data = load_prepared(out)
+    tracks = pl.read_parquet(out / "songs.parquet")["track_id"].to_list()
+    a = pl.read_parquet(out / "playlists.parquet")["playlist_id"].to_list().index("a")
+    lo, hi = data.indptr[a], data.indptr[a + 1]
+    ranked = sorted(zip(data.train_rank[lo:hi], data.train_song[lo:hi], strict=True))
+    by_rank = [tracks[s] for _, s in ranked]
+    assert by_rank == [f"s{i}" for i in reversed(order) if f"s{i}" in by_rank]
+    assert len(by_rank) == 6
+
+
 # --- the contract -----------------------------------------------------------------------------
 
 

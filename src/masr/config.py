@@ -454,13 +454,16 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class Columns:
-    """Names of the id columns in the input (``--user-col`` ...)."""
+    """Names of the id columns in the input (``--user-col`` ...) and of its song-order column
+    (``--position-col``: None = a column named ``position`` when the input has one)."""
 
     user: str = "user_id"
     playlist: str = "playlist_id"
     track: str = "track_id"
+    position: str | None = None
 
     def as_dict(self) -> dict[str, str]:
+        """The three id columns (what an export records for ``masr score``)."""
         return {"user": self.user, "playlist": self.playlist, "track": self.track}
 
 

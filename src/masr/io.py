@@ -227,8 +227,9 @@ def read_interactions(
         names = schema.names()
         select = id_columns(path, schema, wanted)
         taken = set(wanted.values())
-        if POSITION in names and POSITION not in taken:
-            select.append(pl.col(POSITION))
+        position = _position_column(path, names, columns.position, taken)
+        if position is not None:
+            select.append(pl.col(position).alias(POSITION))
         extras = [pl.col(c).cast(pl.String) for c in SONG_EXTRAS if c in names and c not in taken]
         song_extras = None
         if extras and extras_apart:
@@ -259,7 +260,7 @@ def read_interactions(
     if frame.height == 0:
         raise MasrError(f"{path}: no data rows (only a header)")
     if POSITION in frame.columns:
-        frame = _positions(frame, path)
+        frame = _positions(frame, path, position or POSITION)
     _check_ids(frame, path, wanted)
     return RawInput(
         frame=frame,
@@ -271,19 +272,76 @@ def read_interactions(
     )
 
 
-def _positions(frame: pl.DataFrame, path: Path) -> pl.DataFrame:
+def _position_column(
+    path: Path, names: list[str], given: str | None, taken: set[str]
+) -> str | None:
+    """The input column that orders a playlist's songs: ``given`` (``--position-col``, then
+    required), else ``position`` when the file has one that is not an id column."""
+    if given is None:
+        return POSITION if POSITION in names and POSITION not in taken else None
+    if given not in names:
+        found = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise MasrError(
+            f"{path}: missing column {given!r} (found: {found}); name the song-order column "
+            "with --position-col, or leave the option out to use the input's row order"
+        )
+    if given in taken:
+        raise MasrError(f"{path}: --position-col {given!r} is also an id column; name another")
+    return given
+
+
+def _positions(frame: pl.DataFrame, path: Path, name: str) -> pl.DataFrame:
+    """The order column as Int64, order kept: integers as they are; dates and datetimes as
+    their epoch count; whole floats as integers, other floats by rank (only the order within
+    a playlist is used); text holding integers, ISO dates or datetimes, or numbers likewise.
+    Anything else is one error line naming the value."""
     col = frame[POSITION]
     if col.dtype.is_integer():
-        return frame.with_columns(col.cast(pl.Int64))
-    as_int = col.cast(pl.String).str.strip_chars().cast(pl.Int64, strict=False)
-    bad = as_int.is_null() & col.is_not_null() & (col.cast(pl.String).str.strip_chars() != "")
-    if bad.any():
-        row = int(bad.arg_true()[0])
-        raise MasrError(
-            f"{path}: column 'position' holds a non-integer value {col[row]!r} "
-            f"(data row {row + 1}); fix it or drop the column"
-        )
-    return frame.with_columns(as_int.alias(POSITION))
+        out = col.cast(pl.Int64)
+    elif col.dtype.is_temporal():
+        out = col.cast(pl.Int64)
+    elif col.dtype.is_float():
+        out = _float_order(col)
+    else:
+        out = _text_order(col.cast(pl.String), path, name)
+    return frame.with_columns(out.alias(POSITION))
+
+
+def _float_order(col: pl.Series) -> pl.Series:
+    """Whole finite floats as Int64; otherwise the dense rank (NaN as missing)."""
+    col = col.fill_nan(None)
+    finite = col.drop_nulls()
+    if finite.is_finite().all() and (finite == finite.floor()).all() and (
+        finite.abs() < 2.0**63
+    ).all():
+        return col.cast(pl.Int64)
+    return col.rank("dense").cast(pl.Int64)
+
+
+def _text_order(text: pl.Series, path: Path, name: str) -> pl.Series:
+    """Text positions: integers, else ISO dates/datetimes, else numbers; blanks are missing."""
+    text = text.str.strip_chars()
+    text = pl.select(pl.when(text == "").then(None).otherwise(text)).to_series()
+    given = text.is_not_null()
+    as_int = text.cast(pl.Int64, strict=False)
+    if not (as_int.is_null() & given).any():
+        return as_int
+    try:
+        as_time = text.str.to_datetime(strict=False, time_unit="us")
+    except Exception:  # noqa: BLE001 - polars raises several types when no format is inferred
+        as_time = None
+    if as_time is not None and not (as_time.is_null() & given).any():
+        return as_time.cast(pl.Int64)
+    as_float = text.cast(pl.Float64, strict=False)
+    bad = as_float.is_null() & given
+    if not bad.any():
+        return _float_order(as_float)
+    row = int(bad.arg_true()[0])
+    raise MasrError(
+        f"{path}: song-order column {name!r} holds {text[row]!r} (data row {row + 1}), not an "
+        "integer, number, date or datetime; fix it, name another with --position-col, or drop "
+        "the column"
+    )
 
 
 def _check_ids(frame: pl.DataFrame, path: Path, wanted: dict[str, str]) -> None:

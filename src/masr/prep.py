@@ -538,6 +538,8 @@ def _prepare(
         "duplicates_dropped": duplicates,
         "playlists_with_several_users": enc.shared_playlists,
         "sequence": "position" if position is not None else "input order",
+        # the input column the order came from (``--position-col``; "position" by default)
+        "position_col": (columns.position or POSITION) if position is not None else None,
         "stats": stats,
         "masr_version": _version(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
