@@ -300,7 +300,7 @@ def command(
             help="A model hyper-parameter, repeatable: e.g. --set shrink=10 --set alpha=0.75 "
             "(itemknn: alpha, shrink, neighbours; ease: reg; als: reg, confidence, iterations, "
             "cg_steps; mfbpr: song_bias; cml: margin; fism: alpha; neumf: layers (1-3); cmn: "
-            "hops (1-4); caser: window (4-10); mdr, mass: dropout, init_std (none = 1/d), "
+            "hops (1-4); caser: window or L (4-10); mdr, mass: dropout, init_std (none = 1/d), "
             "dropout_mode = element (the paper's, per element) or row (one mask per row and "
             "dimension, shared by its candidates: keeps the GEMM form of --loss softmax, "
             "docs/training.md), for mass also shared (one mask per row, candidate and "

@@ -304,6 +304,11 @@ def test_parse_settings_types_and_errors() -> None:
         parse_settings(["itemknn"], ["bogus=1"])
     with pytest.raises(MasrError, match="'x' is not a valid int"):
         parse_settings(["itemknn"], ["neighbours=x"])
+    # the paper's symbol for a field is accepted too: Caser's L is its window
+    assert parse_settings(["caser"], ["L=6"]) == {"window": 6}
+    assert parse_settings(["caser"], ["caser.L=8"]) == {"caser.window": 8}
+    with pytest.raises(MasrError, match="expected NAME=VALUE"):
+        parse_settings(["itemknn"], ["L=6"])
 
 
 def test_bad_settings_are_one_line_errors(planted: PreparedData) -> None:

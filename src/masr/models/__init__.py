@@ -51,8 +51,10 @@ def parse_settings(names: list[str], items: list[str]) -> dict[str, object]:
 
     known: dict[str, object] = {}
     owned: dict[str, tuple[str, str]] = {}  # field -> (owning option, model)
+    aliases: dict[str, str] = {}  # another accepted name -> field (Caser's L -> window)
     for name in names:
         config_class = model_class(name).config_class
+        aliases.update(config_class.setting_aliases)
         for field_name, option in config_class.owned_fields.items():
             owned.setdefault(field_name, (option, name))
         for f in fields(config_class):
@@ -64,6 +66,7 @@ def parse_settings(names: list[str], items: list[str]) -> dict[str, object]:
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
+        key = aliases.get(key, key)
         scope, dot, field_name = key.partition(".")
         if dot:  # MODEL.NAME=VALUE: for the runs of that model only (e.g. mdr.dropout=0.7)
             if scope not in names:
@@ -76,7 +79,8 @@ def parse_settings(names: list[str], items: list[str]) -> dict[str, object]:
                 scoped = parse_settings([scope], [inner])
             except MasrError as err:  # name the item as the user wrote it
                 raise MasrError(str(err).replace(f"--set {inner}", f"--set {item}", 1)) from None
-            out[f"{scope}.{field_name}"] = scoped[field_name]
+            ((field_name, value),) = scoped.items()  # the field's own name (aliases resolved)
+            out[f"{scope}.{field_name}"] = value
             continue
         if key in owned and owned[key][0] and key not in settable:
             option, model = owned[key]

@@ -65,6 +65,9 @@ class ModelConfig:
     #: fields that ``masr train --set`` must not change: field -> the dedicated option that owns
     #: it (e.g. the fusions' ``alpha`` -> ``--alpha``), or "" for a field set by masr itself
     owned_fields: ClassVar[dict[str, str]] = {}
+    #: other names ``masr train --set`` accepts for a field: the paper's symbol -> the field
+    #: (e.g. Caser's ``L`` -> ``window``)
+    setting_aliases: ClassVar[dict[str, str]] = {}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -17,6 +17,7 @@ on the score, one target per row (Caser's T = 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +30,8 @@ from masr.models.base import Batch, ModelConfig, Recommender
 @dataclass
 class CaserConfig(ModelConfig):
     """Caser settings (tune on the validation split)."""
+
+    setting_aliases: ClassVar[dict[str, str]] = {"L": "window", "l": "window"}
 
     #: "user" (Caser's P_u) or "playlist" (``--entity``).
     entity: Entity = "user"
