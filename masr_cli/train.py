@@ -34,7 +34,9 @@ from masr.config import (
     AdversarialConfig,
     RunOptions,
     TrainConfig,
+    check_alpha,
 )
+from masr.errors import MasrError
 from masr.runs import RUNS
 from masr_cli._common import Device, Threads, choices, console, cpu_threads_line, log_line
 
@@ -281,8 +283,15 @@ def command(
         typer.Option(help="APR noise norm: flexible = ε·std(parameter) (the paper's), fixed = ε."),
     ] = Noise(_A.noise),
     alpha: Annotated[
-        float, typer.Option(help="Fusion weight of MDR in MASR/AMASR (eq. 20); MASS gets 1-α.")
-    ] = ALPHA,
+        str,
+        typer.Option(
+            metavar="<float|auto>",
+            help="Fusion weight of MDR in MASR/AMASR (eq. 20); MASS gets 1-α. 'auto': chosen "
+            "on the validation split among 0, 0.25, 0.5, 0.75 and 1 by the --select "
+            "protocol (a tie keeps the weight nearest the paper's 0.5); run.json records "
+            "every weight's figures, and masr export serves the chosen one.",
+        ),
+    ] = str(ALPHA),
     entity: Annotated[
         Entity | None,
         typer.Option(
@@ -357,6 +366,7 @@ def command(
     from masr.dataset import load_prepared
     from masr.runs import saved_options, train_run
 
+    alpha_auto, alpha_value = _alpha_option(alpha)
     options = RunOptions(
         train=TrainConfig(
             epochs=epochs,
@@ -383,7 +393,8 @@ def command(
             epochs=adv_epochs, eps=eps, reg_adv=reg_adv, noise=noise.value, lr=adv_lr
         ),
         model={"dim": dim, "entity": entity.value if entity else None},
-        alpha=alpha,
+        alpha=ALPHA if alpha_auto else alpha_value,
+        alpha_search=alpha_auto,
         device=device.value,
         compile=compile_,
     )
@@ -550,3 +561,16 @@ class RichProgress:
             if task is not None:
                 self._bars.remove_task(task)
         self._epochs = self._steps = None
+
+
+def _alpha_option(text: str) -> tuple[bool, float]:
+    """``--alpha``: "auto" (chosen on validation) or a weight in [0, 1]."""
+    if text.strip().lower() == "auto":
+        return True, ALPHA
+    try:
+        value = float(text)
+    except ValueError:
+        raise MasrError(
+            f"--alpha {text}: a number between 0 and 1, or auto (chosen on validation)"
+        ) from None
+    return False, check_alpha(value)

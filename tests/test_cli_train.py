@@ -475,3 +475,50 @@ def test_a_fusion_made_from_an_earlier_part_is_flagged(tmp_path: Path) -> None:
     said = _ok(["evaluate", *base, "--threads", "1"])
     assert "masr was made from an earlier mdr" in said.stderr
     assert "mass was made" not in said.stderr
+
+
+def test_alpha_auto_chooses_the_fusion_weight_on_validation(
+    amasr_runs: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    """`--alpha auto`: the trained parts are reused, each fusion is scored at every weight of
+    ALPHA_GRID on validation and keeps the best under --select (a tie: the weight nearest 0.5);
+    its figures at α = 1 and 0 are its MDR and MASS parts' own; best.pt serves the choice."""
+    import shutil
+
+    from masr.config import ALPHA_GRID
+
+    data, shared, _ = amasr_runs
+    runs = tmp_path / "runs"
+    shutil.copytree(shared, runs)
+    base = ["train", "--model", "amasr", "--data", str(data), "--runs", str(runs), *TINY]
+    result = _ok([*base, "--alpha", "auto"])
+    assert "amdr: reusing" in result.stderr and "amass: reusing" in result.stderr
+    assert "α of eq. 20 chosen on validation" in result.stderr
+    info = json.loads((runs / "amasr" / "run.json").read_text())
+    assert info["signature"]["alpha"] == "auto"
+    search = info["alpha_search"]
+    protocol = search["protocol"]
+    grid = search["grid"]
+    assert list(grid) == [f"{a:g}" for a in ALPHA_GRID]
+
+    def key(a: float) -> tuple[float, float, float]:
+        m = grid[f"{a:g}"][protocol]
+        return (m["hit@10"], m["ndcg@10"], -abs(a - 0.5))
+
+    chosen = max(ALPHA_GRID, key=key)
+    assert info["alpha"] == chosen
+    assert info["best"]["valid"] == grid[f"{chosen:g}"]["sampled"]
+    assert info["best"]["valid_full"] == grid[f"{chosen:g}"]["full"]
+    for alpha, part in (("1", "amdr"), ("0", "amass")):
+        best = json.loads((runs / part / "run.json").read_text())["best"]
+        assert grid[alpha]["sampled"] == pytest.approx(best["valid"], abs=1e-6)
+        assert grid[alpha]["full"] == pytest.approx(best["valid_full"], abs=1e-6)
+    fused = load_checkpoint(runs / "amasr" / "best.pt")
+    assert fused["alpha"] == chosen and fused["config"]["alpha"] == chosen
+    again = _ok([*base, "--alpha", "auto"])
+    assert "masr: reusing" in again.stderr  # the plain fusion, chosen the same way before
+    _ok([*base, "--alpha", "0.5"])
+    info = json.loads((runs / "amasr" / "run.json").read_text())
+    assert info["alpha"] == 0.5 and "alpha_search" not in info
+    _fails([*base, "--alpha", "most"], "--alpha most", "auto")
+    _fails([*base, "--alpha", "1.5"], "--alpha 1.5")

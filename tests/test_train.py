@@ -439,6 +439,11 @@ def test_resume_merge_keeps_explicit_options_and_takes_the_rest() -> None:
     assert (merged.train.lr, merged.train.batch_size) == (0.02, 32)  # from the run
     assert merged.adversarial.eps == 0.5 and merged.alpha == 0.3 and merged.model["dim"] == 8
     assert saved.train.epochs == 3 and given.train.lr != 0.02  # neither input is changed
+    # --alpha auto is --alpha: kept from the run unless --alpha is given again
+    auto = RunOptions(alpha_search=True)
+    assert RunOptions().merged(auto, set()).alpha_search
+    assert not RunOptions(alpha=0.7).merged(auto, {"alpha"}).alpha_search
+    assert RunOptions.from_dict(auto.to_dict()).alpha_search
 
 
 def test_resume_may_change_budgets_at_every_level_of_a_chain() -> None:

@@ -50,6 +50,9 @@ UNKNOWN_USER_MODES = ("members", "drop")
 
 #: eq. 20's weight of MDR in the MASR / AMASR fusion (MASS gets 1 - ALPHA): the paper's 0.5
 ALPHA = 0.5
+#: the weights ``masr train --alpha auto`` tries for eq. 20 on validation: MASS alone, three
+#: fusions (the paper's 0.5 in the middle), MDR alone
+ALPHA_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: catalog songs per step of the exported graph's MASS loop: cache-sized, the fastest measured
 #: on CPU (exported/README.md); a GPU wants at least the catalog size
 EXPORT_CHUNK = 256
@@ -337,6 +340,9 @@ class RunOptions:
     #: set by recipes' ``MODEL.NAME`` train keys (the CPU recipe's ``mdr.neg``); ``train_for``
     model_train: dict[str, dict[str, Any]] = field(default_factory=dict)
     alpha: float = ALPHA  # eq. 20's weight of MDR in the fusion
+    #: ``--alpha auto``: each fusion's α is chosen on validation among ALPHA_GRID by the
+    #: ``--select`` protocol (``alpha`` then unused)
+    alpha_search: bool = False
     device: str = "auto"
     recipe: str = "paper"  # the recipe the values came from (RECIPES), for the record
     #: torch.compile the training forward pass on a CPU where a model has one (MASS); not part
@@ -405,6 +411,7 @@ class RunOptions:
             model=dict(values.get("model", {})),
             model_train={m: dict(v) for m, v in values.get("model_train", {}).items()},
             alpha=float(values.get("alpha", ALPHA)),
+            alpha_search=bool(values.get("alpha_search", False)),
             device=str(values.get("device", "auto")),
             recipe=str(values.get("recipe", "paper")),
             compile=bool(values.get("compile", True)),
@@ -436,6 +443,8 @@ class RunOptions:
                 sections[section][name] = getattr(getattr(saved, section), name)
             else:
                 sections[""][name] = getattr(saved, name)
+                if name == "alpha":  # --alpha auto is the same option
+                    sections[""]["alpha_search"] = saved.alpha_search
         given = _paths(explicit)
         model_train = {
             m: kept

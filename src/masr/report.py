@@ -109,6 +109,8 @@ def evaluate_runs(
         for r in order
         if r in RUNS and RUNS[r].procedure == "fuse" and RUNS[r].parts[1] in order
     }
+    from masr.models.masr import FusionOnMass
+
     ready: dict[str, Any] = {}  # fusions loaded and evaluated with their MASS run
     for run in order:
         if run in ready:
@@ -120,10 +122,9 @@ def evaluate_runs(
                 fused, _ = load_run(runs_dir, fusion, data, dev, warn=log)
                 if hasattr(fused, "parts") and _same_weights(fused.parts()[1], model):
                     ready[fusion] = fused.to(dev).eval()
-                    on_top[fusion] = _FusionOnMass(ready[fusion])
+                    on_top[fusion] = FusionOnMass.of(ready[fusion])
                     for a in alphas:
-                        variant = fused.with_alpha(a).to(dev).eval()
-                        on_top[f"{fusion}@α={a:g}"] = _FusionOnMass(variant)
+                        on_top[f"{fusion}@α={a:g}"] = FusionOnMass(ready[fusion].mdr, a)
             t0 = time.perf_counter()
             both = evaluate(model, on_top)
             results[run] = both.pop("")
@@ -144,20 +145,6 @@ def evaluate_runs(
     # table order: each run, then its fusion weights
     keys = [k for run in order for k in (run, *(f"{run}@α={a:g}" for a in alphas)) if k in results]
     return {k: results[k] for k in keys}
-
-
-class _FusionOnMass:
-    """A fusion's eq. 20 from its MASS part's distances, given (``evaluate.OnTop``): only its
-    MDR part is computed."""
-
-    def __init__(self, fused: Any):
-        self.fused = fused
-
-    def distance(self, batch: Any, songs: Any, base: Any) -> Any:
-        return self.fused.fuse(self.fused.parts()[0].distance(batch, songs), base)
-
-    def full_distance(self, batch: Any, base: Any) -> Any:
-        return self.fused.fuse(self.fused.parts()[0].full_distance(batch), base)
 
 
 def _same_weights(a: Any, b: Any) -> bool:

@@ -23,6 +23,9 @@ Public API:
                                                         weights them by config.alpha
     MASR.with_alpha(alpha) -> MASR                      the same parts under another α
                                                         (masr export --alpha)
+    fuse(alpha, o_mdr, o_mass) -> Tensor                eq. 20 on distances
+    FusionOnMass(mdr, alpha)                            eq. 20 from given MASS distances
+                                                        (``masr.evaluate.OnTop``)
 """
 
 from __future__ import annotations
@@ -38,6 +41,30 @@ from masr.errors import MasrError
 from masr.models.base import Batch, ModelConfig, Recommender
 from masr.models.mass import MASS, MASSConfig
 from masr.models.mdr import MDR, MDRConfig
+
+
+def fuse(alpha: float, o_mdr: Tensor, o_mass: Tensor) -> Tensor:
+    """Eq. 20: o = α · o_MDR + (1 - α) · o_MASS."""
+    return alpha * o_mdr + (1.0 - alpha) * o_mass  # eq. 20
+
+
+class FusionOnMass:
+    """Eq. 20 at weight ``alpha`` from a MASS model's distances, given (``evaluate.OnTop``):
+    only the ``mdr`` part is computed. Evaluation scores a MASS run once and every fusion that
+    holds it (or one fusion at several weights, ``masr train --alpha auto``) from it."""
+
+    def __init__(self, mdr: MDR, alpha: float):
+        self.mdr, self.alpha = mdr, check_alpha(alpha)
+
+    @classmethod
+    def of(cls, fused: MASR) -> FusionOnMass:
+        return cls(fused.mdr, fused.config.alpha)
+
+    def distance(self, batch: Batch, songs: Tensor, base: Tensor) -> Tensor:
+        return fuse(self.alpha, self.mdr.distance(batch, songs), base)
+
+    def full_distance(self, batch: Batch, base: Tensor) -> Tensor:
+        return fuse(self.alpha, self.mdr.full_distance(batch), base)
 
 
 def _part_names(parts: Mapping[str, str] | Sequence[str] | None) -> dict[str, str]:
@@ -140,8 +167,7 @@ class MASR(Recommender):
     def fuse(self, o_mdr: Tensor, o_mass: Tensor) -> Tensor:
         """Eq. 20 from the parts' distances (any matching shapes): evaluation fuses a MASS run's
         distances, computed once, with each fusion that holds that MASS."""
-        alpha = self.config.alpha
-        return alpha * o_mdr + (1.0 - alpha) * o_mass  # eq. 20
+        return fuse(self.config.alpha, o_mdr, o_mass)
 
     def distance(self, batch: Batch, songs: Tensor) -> Tensor:
         """(B, C) eq. 20 for each row's candidate ``songs``."""

@@ -364,11 +364,13 @@ def _save_single(
     started: float,
     options: RunOptions,
     extra_info: dict[str, Any],
+    metrics: dict[str, dict[str, float]] | None = None,
 ) -> RunOutcome:
-    """Validate, write best.pt and run.json for a run made in one go (fit, fuse)."""
+    """Validate (unless ``metrics`` holds the validation figures already), write best.pt and
+    run.json for a run made in one go (fit, fuse)."""
     from masr.checkpoint import save_checkpoint
 
-    both = _valid_metrics(model, data, device, options)
+    both = metrics or _valid_metrics(model, data, device, options)
     valid, valid_full = both["sampled"], both["full"]
     seconds = time.perf_counter() - started
     clear(run_dir)
@@ -448,15 +450,27 @@ def _fuse(
     cls = model_class(spec.model)
     fused = cls.from_parts(*parts, alpha=options.alpha, parts=list(spec.parts))  # type: ignore[attr-defined]
     fused.to(device).eval()
-    log(f"{run}: fusing {' + '.join(spec.parts)} with alpha {options.alpha} (eq. 20)")
-    extra = {"parts": list(spec.parts), "alpha": options.alpha, "options": options.to_dict()}
     # validated on as many full-ranking cases as the fewest its parts ranked (a --time-limit
     # may have cut theirs), so that the fusion's validation costs what theirs did
     sample = _parts_valid_sample(runs_dir, spec.parts, options.train.valid_sample)
     if sample != options.train.valid_sample:
         options = replace(options, train=replace(options.train, valid_sample=sample))
+    metrics = None
+    extra: dict[str, Any] = {"parts": list(spec.parts)}
+    if options.alpha_search:
+        alpha, metrics, tried = choose_alpha(fused, data, device, options)
+        fused = fused.with_alpha(alpha).to(device).eval()
+        extra["alpha_search"] = {"protocol": options.train.select, "grid": tried}
+        protocol = options.train.select
+        log(
+            f"{run}: α of eq. 20 chosen on validation, {protocol} hit@10 by α: "
+            + ", ".join(f"{a}: {m[protocol]['hit@10']:.4f}" for a, m in tried.items())
+            + f" -> α {alpha:g}"
+        )
+    log(f"{run}: fusing {' + '.join(spec.parts)} with alpha {fused.config.alpha:g} (eq. 20)")
+    extra.update(alpha=fused.config.alpha, options=options.to_dict())
     outcome = _save_single(
-        run, spec, fused, data, runs_dir / run, sig, device, started, options, extra
+        run, spec, fused, data, runs_dir / run, sig, device, started, options, extra, metrics
     )
     full = options.train.select == "full"
     cases = sample if full and 0 < sample < len(data.valid) else len(data.valid)
@@ -467,12 +481,48 @@ def _fuse(
         if "hit@10" in value:
             parts_best[part] = float(value["hit@10"])
     fused_value = (outcome.valid_full if full else outcome.valid).get("hit@10")
-    if fused_value is not None:
+    if fused_value is not None and not options.alpha_search:
         note = fusion_note(run, options.alpha, float(fused_value), parts_best, cases,
                            "full" if full else "sampled")
         if note:
             log(note)
     return outcome
+
+
+def choose_alpha(
+    fused: Any, data: PreparedData, device: Any, options: RunOptions
+) -> tuple[float, dict[str, dict[str, float]], dict[str, dict[str, dict[str, float]]]]:
+    """``--alpha auto``: eq. 20 at every weight of ALPHA_GRID on the validation split (both
+    protocols, full ranking on the runs' seeded cases), the MASS part's distances computed once.
+    Returns the weight best under the ``--select`` protocol (hit@10, then ndcg@10; a tie goes
+    to the weight nearest the paper's 0.5), its metrics and every weight's {protocol: metrics}
+    keyed by the weight as text."""
+    from masr.compiled import compile_pays
+    from masr.config import ALPHA, ALPHA_GRID
+    from masr.evaluate import evaluate_model_and
+    from masr.models.masr import FusionOnMass
+
+    mdr, mass = fused.parts()
+    on_top = {f"{a:g}": FusionOnMass(mdr, a) for a in ALPHA_GRID}
+    tried = evaluate_model_and(
+        mass,
+        on_top,
+        data,
+        "valid",
+        device=device,
+        full_sample=options.train.valid_sample,
+        sample_seed=options.train.seed,
+        compile=options.compile and compile_pays(options.train.time_limit),
+    )
+    tried.pop("")  # MASS alone: the same as weight 0
+    protocol = options.train.select
+
+    def key(a: float) -> tuple[float, float, float]:
+        m = tried[f"{a:g}"][protocol]
+        return (m["hit@10"], m["ndcg@10"], -abs(a - ALPHA))
+
+    best = max(ALPHA_GRID, key=key)
+    return best, tried[f"{best:g}"], tried
 
 
 def fusion_note(
@@ -491,7 +541,8 @@ def fusion_note(
         f"note: {run} (α {alpha:g}) is below its {part} part on validation ({protocol} hit@10 "
         f"{fused:.4f} against {best:.4f}, more than two standard errors); a part trained too "
         f"briefly weighs the fusion down. `masr evaluate --split valid --alpha 0.75 --alpha 1` "
-        f"compares other weights of eq. 20, `masr export --alpha A` serves one"
+        f"compares other weights of eq. 20, `masr export --alpha A` serves one, and "
+        f"`masr train --alpha auto` chooses one on validation"
     )
 
 

@@ -132,7 +132,7 @@ def signature(name: str, options: RunOptions, fingerprint: str) -> dict[str, Any
         sig["settings"] = dict(spec.settings)
     sig["data"] = fingerprint
     if spec.procedure == "fuse":
-        sig["alpha"] = options.alpha
+        sig["alpha"] = "auto" if options.alpha_search else options.alpha
         sig["parts"] = [signature(p, options, fingerprint) for p in spec.parts]
         return sig
     sig["model_config"] = model_config(name, options.model).to_dict()
