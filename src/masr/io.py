@@ -183,10 +183,9 @@ def id_columns(
     if missing:
         option = {v: k for k, v in wanted.items()}
         hint = ", ".join(f"--{option[m]}-col" for m in missing)
-        found = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
         raise MasrError(
-            f"{path}: missing column {', '.join(repr(m) for m in missing)} (found: {found}); "
-            f"name the right one with {hint}"
+            f"{path}: missing column {', '.join(repr(m) for m in missing)} "
+            f"(found: {_found(names)}); name the right one with {hint}"
         )
     dtypes = schema if isinstance(schema, pl.Schema) else {}
     return [_id_text(pl.col(v), dtypes.get(v)).alias(k) for k, v in wanted.items()]
@@ -272,6 +271,11 @@ def read_interactions(
     )
 
 
+def _found(names: list[str]) -> str:
+    """A file's first column names, for an error line."""
+    return ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+
+
 def _position_column(
     path: Path, names: list[str], given: str | None, taken: set[str]
 ) -> str | None:
@@ -280,10 +284,9 @@ def _position_column(
     if given is None:
         return POSITION if POSITION in names and POSITION not in taken else None
     if given not in names:
-        found = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
         raise MasrError(
-            f"{path}: missing column {given!r} (found: {found}); name the song-order column "
-            "with --position-col, or leave the option out to use the input's row order"
+            f"{path}: missing column {given!r} (found: {_found(names)}); name the song-order "
+            "column with --position-col, or leave the option out to use the input's row order"
         )
     if given in taken:
         raise MasrError(f"{path}: --position-col {given!r} is also an id column; name another")
