@@ -458,8 +458,11 @@ def test_evaluate_checks_its_json_path_before_the_work(tmp_path: Path) -> None:
 
 
 def test_a_fusion_made_from_an_earlier_part_is_flagged(tmp_path: Path) -> None:
-    """mdr trained again after masr was fused: evaluate says masr holds the former mdr."""
+    """mdr trained again after masr was fused: evaluate says masr holds the former mdr. A
+    copied runs folder (new file times, parts newer than the runs made from them) is not
+    flagged: the check compares the parts' best epochs and figures, not file times."""
     import os
+    import shutil
     import time
 
     from conftest import write_planted
@@ -467,14 +470,27 @@ def test_a_fusion_made_from_an_earlier_part_is_flagged(tmp_path: Path) -> None:
     data = write_planted(tmp_path / "data")
     runs = tmp_path / "runs"
     base = ["--data", str(data), "--runs", str(runs)]
-    _ok(["train", "--model", "masr", *base, *TINY])
+    _ok(["train", "--model", "amasr", *base, *TINY])
     fresh = _ok(["evaluate", *base, "--threads", "1"])
     assert "warning" not in fresh.stderr
-    later = time.time() + 60  # as if mdr's best.pt were written again a minute later
-    os.utime(runs / "mdr" / "best.pt", (later, later))
+    copy = tmp_path / "copy"
+    shutil.copytree(runs, copy, copy_function=shutil.copyfile)  # no file times kept
+    later = time.time() + 60
+    for part in ("mdr", "mass", "amdr", "amass"):
+        os.utime(copy / part / "best.pt", (later, later))
+    copied = _ok(["evaluate", "--data", str(data), "--runs", str(copy), "--threads", "1"])
+    assert "warning" not in copied.stderr
+    _ok(["train", "--model", "mdr", *base, *TINY, "--lr", "0.05"])  # mdr made again
     said = _ok(["evaluate", *base, "--threads", "1"])
     assert "masr was made from an earlier mdr" in said.stderr
-    assert "mass was made" not in said.stderr
+    assert "amdr was made from an earlier mdr" in said.stderr
+    assert "mass was made" not in said.stderr and "amasr was made" not in said.stderr
+    # a run made before made_from existed: its parts' file times still tell
+    info = json.loads((copy / "amasr" / "run.json").read_text())
+    del info["made_from"]
+    (copy / "amasr" / "run.json").write_text(json.dumps(info))
+    legacy = _ok(["evaluate", "--data", str(data), "--runs", str(copy), "--threads", "1"])
+    assert "amasr was made from an earlier amdr and amass" in legacy.stderr
 
 
 def test_alpha_auto_chooses_the_fusion_weight_on_validation(

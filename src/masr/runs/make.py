@@ -39,6 +39,7 @@ from masr.runs.store import (
     clear,
     load_run,
     now,
+    part_stamps,
     read_run_json,
     write_run_json,
 )
@@ -240,6 +241,7 @@ def _build(
         "adversarial": adversarial.to_dict() if adversarial else None,
         "start_from": spec.start_from or (list(spec.parts) or None),
         "start_epochs": start_epochs,
+        "made_from": part_stamps(runs_dir, list(start_epochs or {})),
         "data": {"path": str(data.path), "fingerprint": data.fingerprint},
         "device": str(device),
         "options": options.to_dict(),
@@ -456,7 +458,10 @@ def _fuse(
     if sample != options.train.valid_sample:
         options = replace(options, train=replace(options.train, valid_sample=sample))
     metrics = None
-    extra: dict[str, Any] = {"parts": list(spec.parts)}
+    extra: dict[str, Any] = {
+        "parts": list(spec.parts),
+        "made_from": part_stamps(runs_dir, list(spec.parts)),
+    }
     if options.alpha_search:
         alpha, metrics, tried = choose_alpha(fused, data, device, options)
         fused = fused.with_alpha(alpha).to(device).eval()

@@ -93,7 +93,15 @@ def run_warnings(run_dir: str | Path) -> list[str]:
     spec = RUNS.get(run_dir.name)
     # when it began: a trained run's start; a fusion or a fit is made in a moment
     began = info.get("started") or info.get("finished")
-    if spec is not None and began:
+    made_from = info.get("made_from")
+    if isinstance(made_from, dict):  # the parts' stamps: content, so a copied folder is fine
+        newer = [
+            part for part, stamp in made_from.items()
+            if (now_stamp := part_stamp(run_dir.parent / part)) is not None and now_stamp != stamp
+        ]
+        if newer:
+            notes.append(_earlier_part_note(run_dir, newer))
+    elif spec is not None and began:  # runs made before made_from: the files' times
         since = _dt.datetime.fromisoformat(began).timestamp() + 1.0  # whole seconds kept
         parts = list(spec.parts) or ([spec.start_from] if spec.start_from else [])
         newer = [  # a part's best.pt changes only when it is trained again or improves
@@ -102,12 +110,35 @@ def run_warnings(run_dir: str | Path) -> list[str]:
             and best.stat().st_mtime > since
         ]
         if newer:
-            notes.append(
-                f"warning: {run_dir} was made from an earlier {' and '.join(newer)} (trained "
-                f"again since); `masr train --model {run_dir.name}` makes it again from the "
-                "current one"
-            )
+            notes.append(_earlier_part_note(run_dir, newer))
     return notes
+
+
+def _earlier_part_note(run_dir: Path, parts: list[str]) -> str:
+    return (
+        f"warning: {run_dir} was made from an earlier {' and '.join(parts)} (trained again "
+        f"since); `masr train --model {run_dir.name}` makes it again from the current one"
+    )
+
+
+def part_stamp(run_dir: str | Path) -> dict[str, Any] | None:
+    """What tells the weights in a run's best.pt apart, from its run.json: the best epoch and
+    its validation figures. Recorded by the runs made from it (``made_from``: an APR run's
+    start, a fusion's parts, NeuMF's branches), it is content, so unlike file times it survives
+    a copied or synced runs folder; None for a run without run.json or a best epoch."""
+    best = (read_run_json(run_dir) or {}).get("best")
+    if not isinstance(best, dict):
+        return None
+    stamp: dict[str, Any] = {"epoch": best.get("epoch")}
+    for protocol in ("valid", "valid_full"):
+        for metric in ("hit@10", "ndcg@10"):
+            stamp[f"{protocol} {metric}"] = (best.get(protocol) or {}).get(metric)
+    return stamp
+
+
+def part_stamps(runs_dir: str | Path, parts: list[str]) -> dict[str, Any]:
+    """{part: part_stamp} of the runs a run is made from (``made_from`` in its run.json)."""
+    return {part: part_stamp(Path(runs_dir) / part) for part in parts}
 
 
 def load_run(
