@@ -536,5 +536,9 @@ def test_alpha_auto_chooses_the_fusion_weight_on_validation(
     _ok([*base, "--alpha", "0.5"])
     info = json.loads((runs / "amasr" / "run.json").read_text())
     assert info["alpha"] == 0.5 and "alpha_search" not in info
+    _ok([*base, "--alpha", "0.75"])
+    said = _ok(["evaluate", "--data", str(data), "--runs", str(runs), "--model", "amasr",
+                "--model", "amass", "--threads", "1"])
+    assert "amasr: eq. 20 with α 0.75" in said.stderr
     _fails([*base, "--alpha", "most"], "--alpha most", "auto")
     _fails([*base, "--alpha", "1.5"], "--alpha 1.5")

@@ -117,10 +117,12 @@ def evaluate_runs(
             model = ready.pop(run)
         else:
             model, _ = load_run(runs_dir, run, data, dev, warn=log)
+            _say_alpha(run, model, log)
             on_top = {}
             for fusion in (f for f, part in fusions.items() if part == run):
                 fused, _ = load_run(runs_dir, fusion, data, dev, warn=log)
                 if hasattr(fused, "parts") and _same_weights(fused.parts()[1], model):
+                    _say_alpha(fusion, fused, log)
                     ready[fusion] = fused.to(dev).eval()
                     on_top[fusion] = FusionOnMass.of(ready[fusion])
                     for a in alphas:
@@ -145,6 +147,14 @@ def evaluate_runs(
     # table order: each run, then its fusion weights
     keys = [k for run in order for k in (run, *(f"{run}@α={a:g}" for a in alphas)) if k in results]
     return {k: results[k] for k in keys}
+
+
+def _say_alpha(run: str, model: Any, log: Callable[[str], None]) -> None:
+    """A fusion whose eq. 20 weight is not the paper's says so (its table row has no α)."""
+    from masr.config import ALPHA
+
+    if hasattr(model, "with_alpha") and model.config.alpha != ALPHA:
+        log(f"{run}: eq. 20 with α {model.config.alpha:g} (the paper's is {ALPHA:g})")
 
 
 def _same_weights(a: Any, b: Any) -> bool:
