@@ -100,6 +100,17 @@ def command(
             "to float rounding.",
         ),
     ] = True,
+    significance: Annotated[
+        bool,
+        typer.Option(
+            "--significance",
+            help="Also compare runs case by case on the same cases: each of masr's models "
+            "against the best baseline of each protocol, and the paper's orderings (AMDR vs "
+            "MDR, AMASS vs MASS, AMASR vs MASR, each fusion vs its better part). Prints the "
+            "difference in hit@10 and ndcg@10 with its 95% interval and McNemar's exact "
+            'p-value for hit@10; --json adds "se" per run and "_paired".',
+        ),
+    ] = False,
     threads: Threads = 0,
 ) -> None:
     """Score trained runs on the held-out songs, as the paper's Table 2 and Fig. 4.
@@ -123,6 +134,7 @@ def command(
     from masr.report import (
         comparison_rows,
         evaluate_runs,
+        paired_comparisons,
         plot_hit_curves,
         to_jsonable,
         write_json,
@@ -139,6 +151,7 @@ def command(
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, device.value))
     names = model or ["all"]
+    ranks: dict | None = {} if significance else None
     results = evaluate_runs(
         prepared,
         runs,
@@ -151,6 +164,7 @@ def command(
         candidates=candidates,
         compile=compile_,
         log=log,
+        ranks_out=ranks,
     )
     cases = prepared.test if split is Split.test else prepared.valid
     negatives = int((cases.negatives >= 0).sum(1).max()) if len(cases) else 0
@@ -187,6 +201,15 @@ def command(
     console.print(table)
     if candidates:
         console.print(two_stage_table(results, min(candidates, prepared.n_songs)))
+    if ranks is not None:
+        from masr.significance import standard_errors
+
+        paired = paired_comparisons(results, ranks)
+        console.print(paired_table(paired, split.value))
+        for run, by_protocol in ranks.items():
+            if run in results:
+                results[run]["se"] = {p: standard_errors(r) for p, r in by_protocol.items()}
+        results["_paired"] = paired  # type: ignore[assignment]
     if json_out == "-":
         sys.stdout.write(json.dumps(to_jsonable(results), indent=2) + "\n")
     elif json_out is not None:
@@ -195,6 +218,40 @@ def command(
     if plot is not None:
         plot_hit_curves(results, plot, title=split.value)
         console.print(f"wrote {plot}")
+
+
+def paired_table(paired: list[dict], split: str) -> Table:
+    """``--significance``: one row per comparison (a section per protocol and kind: against
+    the best baseline, then the paper's orderings): Δ hit@10 with the half-width of its 95%
+    interval, McNemar's p, and the same Δ for ndcg@10 (both runs' figures: the table above)."""
+    table = Table(
+        title=f"{split} split, paired on the same cases: Δ = run - vs, ± its 95% interval; "
+        "p = McNemar's exact test (hit@10)",
+        title_justify="left",
+    )
+    for head in ("", "run", "vs", "Δ hit@10", "p", "Δ ndcg@10"):
+        table.add_column(head, justify="left" if head in ("", "run", "vs") else "right")
+    previous = None
+    for e in paired:
+        group = (e["protocol"], e["why"] == "best baseline")
+        if previous is not None and group != previous:
+            table.add_section()
+        hit, ndcg = e["hit@10"], e["ndcg@10"]
+        table.add_row(
+            e["protocol"] if group != previous else "",
+            e["run_label"],
+            e["against_label"],
+            _interval(hit),
+            f"{hit['p']:.2g}",
+            _interval(ndcg),
+        )
+        previous = group
+    return table
+
+
+def _interval(m: dict) -> str:
+    lo, hi = m["ci95"]
+    return f"{m['delta']:+.4f} ± {(hi - lo) / 2:.4f}"
 
 
 def two_stage_table(results: dict, candidates: int) -> Table:

@@ -542,3 +542,35 @@ def test_alpha_auto_chooses_the_fusion_weight_on_validation(
     assert "amasr: eq. 20 with α 0.75" in said.stderr
     _fails([*base, "--alpha", "most"], "--alpha most", "auto")
     _fails([*base, "--alpha", "1.5"], "--alpha 1.5")
+
+
+def test_evaluate_significance_pairs_runs_on_the_same_cases(
+    amasr_runs: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    """--significance: the paired table on stderr; --json keeps every run's metrics as before
+    and adds their standard errors ("se") and the comparisons ("_paired"), whose Δ is the
+    difference of the two runs' figures."""
+    import shutil
+
+    data, shared, _ = amasr_runs
+    runs = tmp_path / "runs"
+    shutil.copytree(shared, runs)
+    _ok(["train", "--model", "pop", "--data", str(data), "--runs", str(runs), *TINY])
+    args = ["evaluate", "--data", str(data), "--runs", str(runs), "--threads", "1"]
+    plain = json.loads(_ok([*args, "--json", "-"]).stdout)
+    result = _ok([*args, "--json", "-", "--significance"])
+    assert "paired on the same cases" in result.stderr and "McNemar" in result.stderr
+    out = json.loads(result.stdout)
+    paired = out.pop("_paired")
+    assert set(out) == set(plain)
+    for run, metrics in out.items():
+        se = metrics.pop("se")
+        assert metrics == plain[run] and set(se) == {"sampled", "full"}
+        assert 0 < se["sampled"]["hit@10"] < 0.5
+    kinds = {(e["run"], e["against"], e["protocol"]) for e in paired}
+    assert ("amasr", "pop", "full") in kinds and ("amdr", "mdr", "sampled") in kinds
+    for e in paired:
+        a, b = out[e["run"]][e["protocol"]], out[e["against"]][e["protocol"]]
+        assert e["hit@10"]["delta"] == pytest.approx(a["hit@10"] - b["hit@10"], abs=2e-6)
+        assert e["hit@10"]["ci95"][0] <= e["hit@10"]["delta"] <= e["hit@10"]["ci95"][1]
+        assert 0.0 <= e["hit@10"]["p"] <= 1.0

@@ -357,11 +357,14 @@ def evaluate_model_and(
     full_sample: int = 0,
     sample_seed: int = 0,
     compile: bool = False,
+    ranks_out: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """``{name: {"sampled": metrics, "full": metrics}}`` of ``model`` (name "") and of every
     ``on_top`` entry (its key), in one pass over the cases: ``model``'s distances are computed
     once per batch and each entry derives its own from them (a MASS run and the fusions holding
-    it). The entries must be on ``model``'s device, in eval mode.
+    it). The entries must be on ``model``'s device, in eval mode. ``ranks_out``, when given,
+    also gets every name's per-case 0-based ranks, ``{name: {protocol: (C,) ranks}}`` (the
+    paired comparisons of ``masr.significance`` need them).
 
     ``full_sample`` > 0 ranks only that many cases, drawn without replacement with
     ``sample_seed``, under the full protocol (for large catalogs); the sampled protocol always
@@ -392,10 +395,14 @@ def evaluate_model_and(
         if "sampled" in protocols:
             for name, ranks in _sampled_ranks_many(model, cases, index, None, on_top).items():
                 result[name]["sampled"] = metrics_from_ranks(ranks)
+                if ranks_out is not None:
+                    ranks_out.setdefault(name, {})["sampled"] = np.asarray(ranks)
         if "full" in protocols:
             full_cases = subsample_cases(cases, full_sample, sample_seed)
             for name, ranks in _full_ranks_many(model, full_cases, index, None, on_top).items():
                 result[name]["full"] = metrics_from_ranks(ranks)
+                if ranks_out is not None:
+                    ranks_out.setdefault(name, {})["full"] = np.asarray(ranks)
     finally:
         model.train(was_training)
         if compiled:

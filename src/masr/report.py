@@ -48,6 +48,7 @@ def evaluate_runs(
     candidates: int = 0,
     log: Callable[[str], None] | None = None,
     compile: bool = False,
+    ranks_out: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """``{run: {"sampled": metrics, "full": metrics}}`` for the named runs (``all`` = every
     run in ``runs_dir``), in table order; ``full_sample``: see ``evaluate_model_and``. Each fusion
@@ -58,9 +59,10 @@ def evaluate_runs(
     the metrics when MDR proposes that many songs and the run ranks only those
     (``evaluate.two_stage_ranks``), with ``candidates`` and ``proposed`` (the share of held-out
     songs MDR proposed). MDR is a fusion run's own part, else the run named ``mdr``.
-    ``compile``: see ``evaluate_model_and``. A fusion named beside its MASS run (and holding that
-    run's weights) is scored from the MASS run's distances, computed once per batch for both
-    (``evaluate.evaluate_model_and``): the same figures, about half the work."""
+    ``compile``, ``ranks_out`` (keyed by run): see ``evaluate_model_and``. A fusion named
+    beside its MASS run (and holding that run's weights) is scored from the MASS run's
+    distances, computed once per batch for both (``evaluate.evaluate_model_and``): the same
+    figures, about half the work."""
     from masr.evaluate import evaluate_model_and
     from masr.sampling import TrainingIndex
     from masr.train import resolve_device
@@ -93,12 +95,19 @@ def evaluate_runs(
     results = {}
     shared_mdr: list = []  # the `mdr` run, loaded once when a non-fusion run needs it
 
-    def evaluate(model: Any, on_top: Any = None) -> dict[str, dict[str, dict[str, float]]]:
-        """{"": the model's metrics, and each ``on_top`` entry's}"""
-        return evaluate_model_and(
+    def evaluate(
+        model: Any, on_top: Any = None, run: str = ""
+    ) -> dict[str, dict[str, dict[str, float]]]:
+        """{"": the model's metrics, and each ``on_top`` entry's}; their ranks into
+        ``ranks_out`` under ``run`` and the entries' names"""
+        ranks: dict[str, dict[str, Any]] | None = {} if ranks_out is not None else None
+        out = evaluate_model_and(
             model, on_top or {}, data, split, protocols=protocols, index=index,
-            full_sample=full_sample, sample_seed=sample_seed, compile=compile,
+            full_sample=full_sample, sample_seed=sample_seed, compile=compile, ranks_out=ranks,
         )
+        if ranks_out is not None and ranks is not None:
+            ranks_out.update({name or run: value for name, value in ranks.items()})
+        return out
 
     order = run_order(wanted)
     # fusions asked for beside their MASS run: scored from that run's distances, computed once
@@ -128,7 +137,7 @@ def evaluate_runs(
                     for a in alphas:
                         on_top[f"{fusion}@α={a:g}"] = FusionOnMass(ready[fusion].mdr, a)
             t0 = time.perf_counter()
-            both = evaluate(model, on_top)
+            both = evaluate(model, on_top, run)
             results[run] = both.pop("")
             results.update(both)
             shared = f" (with {', '.join(on_top)} from the same distances)" if on_top else ""
@@ -143,7 +152,7 @@ def evaluate_runs(
         for a in alphas if hasattr(model, "with_alpha") else ():
             if f"{run}@α={a:g}" not in results:
                 fused = model.with_alpha(a).to(dev)  # type: ignore[operator]
-                results[f"{run}@α={a:g}"] = evaluate(fused)[""]
+                results[f"{run}@α={a:g}"] = evaluate(fused, None, f"{run}@α={a:g}")[""]
     # table order: each run, then its fusion weights
     keys = [k for run in order for k in (run, *(f"{run}@α={a:g}" for a in alphas)) if k in results]
     return {k: results[k] for k in keys}
@@ -276,6 +285,25 @@ def comparison_rows(results: dict[str, dict[str, dict[str, float]]]) -> list[Tab
     return rows
 
 
+def paired_comparisons(
+    results: dict[str, dict[str, dict[str, float]]], ranks: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``masr evaluate --significance``: ``masr.significance.comparisons`` of the evaluated
+    runs (the baselines are the runs of Table 2's baseline rows), each entry with the table
+    labels of both runs (``run_label``, ``against_label``)."""
+    from masr.significance import comparisons
+
+    labels = dict(PAPER_BASELINES + EXTRA_BASELINES + OURS + ABLATIONS)
+    baselines = [
+        r.run for r in comparison_rows(results) if r.group == "baseline" and r.values is not None
+    ]
+    out = comparisons(results, ranks, baselines)
+    for entry in out:
+        entry["run_label"] = labels.get(entry["run"], entry["run"])
+        entry["against_label"] = labels.get(entry["against"], entry["against"])
+    return out
+
+
 def plot_hit_curves(
     results: dict[str, dict[str, dict[str, float]]], path: str | Path, *, title: str = ""
 ) -> Path:
@@ -302,11 +330,19 @@ def plot_hit_curves(
 
 
 def to_jsonable(results: dict[str, Any]) -> dict[str, Any]:
-    """Round floats for the JSON output (6 decimals keeps every reported digit)."""
-    return {
-        run: {p: {k: round(float(v), 6) for k, v in m.items()} for p, m in res.items()}
-        for run, res in results.items()
-    }
+    """Round floats for the JSON output (6 decimals keeps every reported digit), at any depth
+    (``--significance`` adds standard errors and the paired comparisons)."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(v) for v in value]
+        if isinstance(value, (bool, int, str)) or value is None:
+            return value
+        return round(float(value), 6)
+
+    return walk(results)
 
 
 def write_json(results: dict[str, Any], path: str | Path) -> Path:
