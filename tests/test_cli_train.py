@@ -540,6 +540,20 @@ def test_alpha_auto_chooses_the_fusion_weight_on_validation(
     said = _ok(["evaluate", "--data", str(data), "--runs", str(runs), "--model", "amasr",
                 "--model", "amass", "--threads", "1"])
     assert "amasr: eq. 20 with α 0.75" in said.stderr
+    # masr export reads the parts' checkpoints and serves the fusion run's α ...
+    from masr.config import ExportConfig
+    from masr.export import export_model
+
+    assert export_model(runs, tmp_path / "a.onnx").metadata["alpha"] == 0.75
+    over = export_model(runs, tmp_path / "b.onnx", ExportConfig(alpha=0.3))
+    assert over.metadata["alpha"] == 0.3  # --alpha on export still wins
+    # ... unless the fusion was made from parts trained again since: the paper's, with a note
+    _ok(["train", "--model", "amdr", "--data", str(data), "--runs", str(runs), *TINY,
+         "--eps", "0.3"])
+    notes: list[str] = []
+    stale = export_model(runs, tmp_path / "c.onnx", log=notes.append)
+    assert stale.metadata["alpha"] == 0.5
+    assert any("fused from parts trained again since" in n for n in notes)
     _fails([*base, "--alpha", "most"], "--alpha most", "auto")
     _fails([*base, "--alpha", "1.5"], "--alpha 1.5")
 

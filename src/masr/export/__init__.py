@@ -58,6 +58,7 @@ from masr.export import external
 from masr.export.graph import build_graph, graph_and_arrays
 from masr.export.sources import (
     Source,
+    fusion_alpha,
     load_sources,
     locate_data,
     read_id_maps,
@@ -113,6 +114,10 @@ def export_model(
         for note in run_warnings(source.path.parent):
             say(note)
     mdr, mass, fused_alpha, described, fingerprint = load_sources(sources)
+    if mdr is not None and mass is not None and fused_alpha is None and config.alpha is None:
+        fused_alpha, note = fusion_alpha(runs_dir, kind)  # the parts read, the fusion's α
+        if note:
+            say(note)
     if mdr is not None and mass is not None:
         alpha = next(a for a in (config.alpha, fused_alpha, ALPHA) if a is not None)
     elif config.alpha is not None:
