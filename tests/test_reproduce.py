@@ -241,6 +241,12 @@ def test_reproduce_end_to_end_then_reuses_every_run(planted_dir: Path, tmp_path:
     assert {"mdr", "mass", "amdr", "amass", "mdr_us", "mass_ps"} <= set(speed)
     report = (out / "report.md").read_text()
     assert "## Table 3" in report and "MASS_ups" in report and "## Figure 7" in report
+    # the paper's orderings case by case (no baselines trained: no "best baseline" rows)
+    paired = json.loads((out / "paired.json").read_text())
+    pairs = {(e["run"], e["against"], e["protocol"]) for e in paired}
+    assert ("amdr", "mdr", "sampled") in pairs and ("amasr", "masr", "full") in pairs
+    assert all(e["why"] != "best baseline" for e in paired)
+    assert "Paired on the same test cases" in report and "| sampled | AMDR | MDR |" in report
     assert "5 s per run" in report and "patience 2" in report
     run = json.loads((out / "runs" / "main" / "mdr" / "run.json").read_text())
     assert run["train_config"]["patience"] == 2  # --patience reaches every run
@@ -298,6 +304,16 @@ def test_reproduce_trains_the_baselines_both_ways_and_keeps_the_better_on_valida
     )
     report = (out / "report.md").read_text()
     assert f"| MF-BPR ({chosen}) |" in report and "| Popularity |" in report
+    # masr's models against the better baseline of each protocol, on Table 2's figures
+    for e in json.loads((out / "paired.json").read_text()):
+        a, b = table2[e["run"]][e["protocol"]], table2[e["against"]][e["protocol"]]
+        assert e["hit@10"]["delta"] == pytest.approx(a["hit@10"] - b["hit@10"], abs=2e-6)
+        if e["why"] == "best baseline":
+            assert e["against"] == max(
+                ("mfbpr", "pop"),
+                key=lambda r: (table2[r][e["protocol"]]["hit@10"],
+                               table2[r][e["protocol"]]["ndcg@10"]),
+            )
     # --entities default (every run reused here): each baseline at its default entity only
     rep.reproduce(planted_dir, out, replace(config, entities="default"))
     assert json.loads((out / "entities.json").read_text()) == {}

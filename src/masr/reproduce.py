@@ -17,6 +17,9 @@ Layout of ``out/``::
     fig7_speed.json         the tables ({run: {protocol: {metric: value}}} and the like)
     entities.json           per baseline with an --entity: each entity's validation figure and
                             the one chosen for Table 2
+    paired.json             Table 2's runs compared case by case on the same test cases (each
+                            of masr's models vs the best baseline, the paper's orderings): Δ
+                            hit@10 / ndcg@10 with 95% intervals, McNemar's p (masr.significance)
     fig4_hits.png fig5_dims.png fig6_attention.png fig7_speed.png   (with matplotlib)
     report.md               every table in markdown, with the time each stage took
 
@@ -132,6 +135,13 @@ def reproduce(
             table2.update(_evaluate(data, where, [name], config, say))
         tables["table2"] = {run: table2[run] for run in names}  # table order
         tables["table3"] = {run: tables["table2"][run] for run, _ in TABLE3}
+        # the paper's claims case by case: every Table 2 run ranked the same cases
+        from masr.report import paired_comparisons, to_jsonable
+
+        ranks = {run: _RANKS[_key(moved.get(run, main), run, config)] for run in names}
+        tables["paired"] = to_jsonable(
+            {"comparisons": paired_comparisons(tables["table2"], ranks)}
+        )["comparisons"]
 
     with stage("Table 4: MASS's attention variants"):
         att_dirs = {a: main if a == "mem-metric" else runs / f"attention-{a}" for a in TABLE4}
@@ -250,34 +260,41 @@ def _copy_runs(src: Path, dst: Path, names: tuple[str, ...]) -> None:
 #: (runs directory, run) -> its test metrics, within one process: runs/main's mass and the
 #: d = 64 chain are evaluated once for Tables 2-4 and Figure 5 alike
 _EVALUATED: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
+#: the same evaluations' per-case ranks ({protocol: ranks}), for the paired comparisons
+_RANKS: dict[tuple[str, str], dict[str, Any]] = {}
 
 
 def _evaluate(
     data: Any, runs_dir: Path, names: list[str], config: ReproduceConfig, say: Log
 ) -> dict[str, dict[str, dict[str, float]]]:
     from masr.report import evaluate_runs, to_jsonable
-    from masr.runs import read_run_json
-
-    def key(run: str) -> tuple[str, str]:
-        info = read_run_json(runs_dir / run) or {}  # the signature: a remade run is new
-        return str(runs_dir.resolve() / run), json.dumps(
-            [info.get("signature"), info.get("finished"), config.full_sample, config.seed],
-            sort_keys=True, default=str,
-        )
 
     if names == ["all"]:
         from masr.runs import available_runs
 
         names = available_runs(runs_dir)
-    todo = [n for n in names if key(n) not in _EVALUATED]
+    todo = [n for n in names if _key(runs_dir, n, config) not in _EVALUATED]
     if todo:
+        ranks: dict[str, dict[str, Any]] = {}
         results = evaluate_runs(
             data, runs_dir, todo, device=config.device, full_sample=config.full_sample,
-            sample_seed=config.seed, log=say,
+            sample_seed=config.seed, log=say, ranks_out=ranks,
         )
         for run, res in to_jsonable(results).items():
-            _EVALUATED[key(run)] = res
-    return {run: _EVALUATED[key(run)] for run in run_order(names)}
+            _EVALUATED[_key(runs_dir, run, config)] = res
+            _RANKS[_key(runs_dir, run, config)] = ranks.get(run, {})
+    return {run: _EVALUATED[_key(runs_dir, run, config)] for run in run_order(names)}
+
+
+def _key(runs_dir: Path, run: str, config: ReproduceConfig) -> tuple[str, str]:
+    """A run's evaluation, cached: its folder and signature (a remade run is new)."""
+    from masr.runs import read_run_json
+
+    info = read_run_json(runs_dir / run) or {}
+    return str(runs_dir.resolve() / run), json.dumps(
+        [info.get("signature"), info.get("finished"), config.full_sample, config.seed],
+        sort_keys=True, default=str,
+    )
 
 
 def _write_tables(out: Path, tables: dict[str, Any]) -> list[Path]:
@@ -348,6 +365,34 @@ def _entities_section(entities: dict[str, Any], labels: dict[str, str]) -> list[
     ]
 
 
+def _paired_section(paired: list[dict[str, Any]], labels: dict[str, str]) -> list[str]:
+    """Table 2's runs compared case by case (``masr evaluate --significance``'s comparisons):
+    Δ hit@10 with its 95% interval and McNemar's exact p-value."""
+    if not paired:
+        return []
+    lines = [
+        "Paired on the same test cases (`masr evaluate --significance`): Δ = run − vs, ± the",
+        "half-width of its 95% interval; p = McNemar's exact test on the cases only one of the",
+        "two gets right (hit@10).",
+        "",
+        "| protocol | run | vs | why | Δ hit@10 | p | Δ ndcg@10 |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for e in paired:
+        hit, ndcg = e["hit@10"], e["ndcg@10"]
+        lines.append(
+            f"| {e['protocol']} | {labels.get(e['run'], e['run'])} | "
+            f"{labels.get(e['against'], e['against'])} | {e['why']} | "
+            f"{_delta(hit)} | {hit['p']:.2g} | {_delta(ndcg)} |"
+        )
+    return [*lines, ""]
+
+
+def _delta(m: dict[str, Any]) -> str:
+    lo, hi = m["ci95"]
+    return f"{m['delta']:+.4f} ± {(hi - lo) / 2:.4f}"
+
+
 def _write_report(
     out: Path, tables: dict[str, Any], seconds: dict[str, float], config: ReproduceConfig,
     data_path: Path,
@@ -374,6 +419,7 @@ def _write_report(
                         for r in t2 if r not in dict(ABLATIONS)]),
         "",
         *_entities_section(tables["entities"], labels),
+        *_paired_section(tables.get("paired", []), labels),
         "## Table 3: playlist and user embeddings",
         "",
         *_metric_table([(label, tables["table3"][r]) for r, label in TABLE3]),
