@@ -82,7 +82,7 @@ def fusion_alpha(runs_dir: str | Path, kind: str) -> tuple[float | None, str | N
     ``masr train --alpha`` gave it (or ``--alpha auto`` chose), which the export serves when it
     reads the parts' own checkpoints. None with a note when that run was made from parts
     trained again since (its α was meant for the former ones); None alone without a run."""
-    from masr.runs.store import read_run_json, run_warnings
+    from masr.runs.store import earlier_parts, read_run_json
 
     fusion_run = _KIND_RUNS[kind][2]
     if fusion_run is None:
@@ -91,7 +91,7 @@ def fusion_alpha(runs_dir: str | Path, kind: str) -> tuple[float | None, str | N
     info = read_run_json(run_dir) or {}
     if "alpha" not in info or not (run_dir / "best.pt").is_file():
         return None, None
-    if any("made from an earlier" in note for note in run_warnings(run_dir)):
+    if earlier_parts(run_dir, info):
         return None, (
             f"note: {run_dir} (α {info['alpha']:g}) was fused from parts trained again since; "
             f"exporting the paper's α (`masr train --model {fusion_run}` fuses them again)"

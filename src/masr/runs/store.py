@@ -71,12 +71,10 @@ def run_warnings(run_dir: str | Path) -> list[str]:
 
     * the run did not finish (``UNFINISHED``: interrupted, failed, or killed while running);
     * a part it was made from (a fusion's MDR and MASS runs, an APR run's start, NeuMF's
-      branches) has a newer best.pt than this run's start (trained again, or continued to a
-      better epoch): this run's weights hold the former part.
+      branches) has been trained again since, or continued to a better epoch
+      (``earlier_parts``): this run's weights hold the former part.
 
     Empty for a finished, current run or one without run.json (made elsewhere)."""
-    from masr.runs.registry import RUNS
-
     run_dir = Path(run_dir)
     info = read_run_json(run_dir)
     if info is None:
@@ -90,35 +88,43 @@ def run_warnings(run_dir: str | Path) -> list[str]:
             f"epoch(s)): its best.pt is the best epoch so far; `masr train --model {name} "
             "--resume` finishes it"
         )
-    spec = RUNS.get(run_dir.name)
-    # when it began: a trained run's start; a fusion or a fit is made in a moment
-    began = info.get("started") or info.get("finished")
-    made_from = info.get("made_from")
-    if isinstance(made_from, dict):  # the parts' stamps: content, so a copied folder is fine
-        newer = [
-            part for part, stamp in made_from.items()
-            if (now_stamp := part_stamp(run_dir.parent / part)) is not None and now_stamp != stamp
-        ]
-        if newer:
-            notes.append(_earlier_part_note(run_dir, newer))
-    elif spec is not None and began:  # runs made before made_from: the files' times
-        since = _dt.datetime.fromisoformat(began).timestamp() + 1.0  # whole seconds kept
-        parts = list(spec.parts) or ([spec.start_from] if spec.start_from else [])
-        newer = [  # a part's best.pt changes only when it is trained again or improves
-            part for part in parts
-            if (best := run_dir.parent / part / "best.pt").is_file()
-            and best.stat().st_mtime > since
-        ]
-        if newer:
-            notes.append(_earlier_part_note(run_dir, newer))
+    newer = earlier_parts(run_dir, info)
+    if newer:
+        notes.append(
+            f"warning: {run_dir} was made from an earlier {' and '.join(newer)} (trained again "
+            f"since); `masr train --model {run_dir.name}` makes it again from the current one"
+        )
     return notes
 
 
-def _earlier_part_note(run_dir: Path, parts: list[str]) -> str:
-    return (
-        f"warning: {run_dir} was made from an earlier {' and '.join(parts)} (trained again "
-        f"since); `masr train --model {run_dir.name}` makes it again from the current one"
-    )
+def earlier_parts(run_dir: str | Path, info: dict[str, Any] | None = None) -> list[str]:
+    """The parts the run in ``run_dir`` was made from (a fusion's MDR and MASS runs, an APR
+    run's start, NeuMF's branches) that have been trained again since, or continued to a better
+    epoch: its weights hold their former versions. Told by the parts' stamps it recorded
+    (``made_from``: content, so a copied or synced folder is fine); for a run made before
+    those existed, by the parts' best.pt file times against its start. ``info``: its run.json
+    when already read."""
+    from masr.runs.registry import RUNS
+
+    run_dir = Path(run_dir)
+    info = info if info is not None else read_run_json(run_dir) or {}
+    made_from = info.get("made_from")
+    if isinstance(made_from, dict):
+        return [
+            part for part, stamp in made_from.items()
+            if (now_stamp := part_stamp(run_dir.parent / part)) is not None and now_stamp != stamp
+        ]
+    spec = RUNS.get(run_dir.name)
+    # when it began: a trained run's start; a fusion or a fit is made in a moment
+    began = info.get("started") or info.get("finished")
+    if spec is None or not began:
+        return []
+    since = _dt.datetime.fromisoformat(began).timestamp() + 1.0  # whole seconds kept
+    parts = list(spec.parts) or ([spec.start_from] if spec.start_from else [])
+    return [  # a part's best.pt changes only when it is trained again or improves
+        part for part in parts
+        if (best := run_dir.parent / part / "best.pt").is_file() and best.stat().st_mtime > since
+    ]
 
 
 def part_stamp(run_dir: str | Path) -> dict[str, Any] | None:
