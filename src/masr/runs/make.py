@@ -341,11 +341,21 @@ def _valid_metrics(
 ) -> dict[str, dict[str, float]]:
     """Both protocols on the validation split, full ranking on the same seeded subset of
     cases as the trained runs' per-epoch validation."""
-    from masr.compiled import compile_pays
-    from masr.evaluate import evaluate_model
+    return _validate(model, {}, data, device, options)[""]
 
-    return evaluate_model(
+
+def _validate(
+    model: Recommender, on_top: dict[str, Any], data: PreparedData, device: Any,
+    options: RunOptions,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """``_valid_metrics`` of ``model`` (key "") and of every ``on_top`` entry derived from its
+    distances (``evaluate.evaluate_model_and``)."""
+    from masr.compiled import compile_pays
+    from masr.evaluate import evaluate_model_and
+
+    return evaluate_model_and(
         model,
+        on_top,
         data,
         "valid",
         device=device,
@@ -502,23 +512,12 @@ def choose_alpha(
     Returns the weight best under the ``--select`` protocol (hit@10, then ndcg@10; a tie goes
     to the weight nearest the paper's 0.5), its metrics and every weight's {protocol: metrics}
     keyed by the weight as text."""
-    from masr.compiled import compile_pays
     from masr.config import ALPHA, ALPHA_GRID
-    from masr.evaluate import evaluate_model_and
     from masr.models.masr import FusionOnMass
 
     mdr, mass = fused.parts()
     on_top = {f"{a:g}": FusionOnMass(mdr, a) for a in ALPHA_GRID}
-    tried = evaluate_model_and(
-        mass,
-        on_top,
-        data,
-        "valid",
-        device=device,
-        full_sample=options.train.valid_sample,
-        sample_seed=options.train.seed,
-        compile=options.compile and compile_pays(options.train.time_limit),
-    )
+    tried = _validate(mass, on_top, data, device, options)
     tried.pop("")  # MASS alone: the same as weight 0
     protocol = options.train.select
 
