@@ -393,7 +393,7 @@ def command(
             epochs=adv_epochs, eps=eps, reg_adv=reg_adv, noise=noise.value, lr=adv_lr
         ),
         model={"dim": dim, "entity": entity.value if entity else None},
-        alpha=ALPHA if alpha_auto else alpha_value,
+        alpha=alpha_value,  # ALPHA with auto (unused then)
         alpha_search=alpha_auto,
         device=device.value,
         compile=compile_,
