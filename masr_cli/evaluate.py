@@ -224,6 +224,8 @@ def paired_table(paired: list[dict], split: str) -> Table:
     """``--significance``: one row per comparison (a section per protocol and kind: against
     the best baseline, then the paper's orderings): Δ hit@10 with the half-width of its 95%
     interval, McNemar's p, and the same Δ for ndcg@10 (both runs' figures: the table above)."""
+    from masr.significance import interval_text
+
     table = Table(
         title=f"{split} split, paired on the same cases: Δ = run - vs, ± its 95% interval; "
         "p = McNemar's exact test (hit@10)",
@@ -241,17 +243,12 @@ def paired_table(paired: list[dict], split: str) -> Table:
             e["protocol"] if group != previous else "",
             e["run_label"],
             e["against_label"],
-            _interval(hit),
+            interval_text(hit),
             f"{hit['p']:.2g}",
-            _interval(ndcg),
+            interval_text(ndcg),
         )
         previous = group
     return table
-
-
-def _interval(m: dict) -> str:
-    lo, hi = m["ci95"]
-    return f"{m['delta']:+.4f} ± {(hi - lo) / 2:.4f}"
 
 
 def two_stage_table(results: dict, candidates: int) -> Table:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from masr.evaluate import metrics_from_ranks
-from masr.significance import comparisons, mcnemar_p, paired, standard_errors
+from masr.significance import comparisons, interval_text, mcnemar_p, paired, standard_errors
 
 
 def _mcnemar_reference(b: int, c: int) -> float:
@@ -56,6 +56,7 @@ def test_paired_against_a_slow_loop() -> None:
     assert se["hit@10"] == pytest.approx(hits.std(ddof=1) / math.sqrt(a.size))
     with pytest.raises(ValueError):
         paired(a, b[:-1])
+    assert interval_text({"delta": 0.0123, "ci95": [0.0023, 0.0223]}) == "+0.0123 ± 0.0100"
 
 
 def test_intervals_and_tests_hold_their_level_under_no_difference() -> None:

@@ -329,9 +329,9 @@ def plot_hit_curves(
     return save_png(fig, path, dpi=120, option="--plot")
 
 
-def to_jsonable(results: dict[str, Any]) -> dict[str, Any]:
+def to_jsonable(results: Any) -> Any:
     """Round floats for the JSON output (6 decimals keeps every reported digit), at any depth
-    (``--significance`` adds standard errors and the paired comparisons)."""
+    (``--significance`` adds standard errors and the paired comparisons, a list)."""
 
     def walk(value: Any) -> Any:
         if isinstance(value, dict):

@@ -139,9 +139,7 @@ def reproduce(
         from masr.report import paired_comparisons, to_jsonable
 
         ranks = {run: _RANKS[_key(moved.get(run, main), run, config)] for run in names}
-        tables["paired"] = to_jsonable(
-            {"comparisons": paired_comparisons(tables["table2"], ranks)}
-        )["comparisons"]
+        tables["paired"] = to_jsonable(paired_comparisons(tables["table2"], ranks))
 
     with stage("Table 4: MASS's attention variants"):
         att_dirs = {a: main if a == "mem-metric" else runs / f"attention-{a}" for a in TABLE4}
@@ -368,6 +366,8 @@ def _entities_section(entities: dict[str, Any], labels: dict[str, str]) -> list[
 def _paired_section(paired: list[dict[str, Any]], labels: dict[str, str]) -> list[str]:
     """Table 2's runs compared case by case (``masr evaluate --significance``'s comparisons):
     Δ hit@10 with its 95% interval and McNemar's exact p-value."""
+    from masr.significance import interval_text
+
     if not paired:
         return []
     lines = [
@@ -383,14 +383,9 @@ def _paired_section(paired: list[dict[str, Any]], labels: dict[str, str]) -> lis
         lines.append(
             f"| {e['protocol']} | {labels.get(e['run'], e['run'])} | "
             f"{labels.get(e['against'], e['against'])} | {e['why']} | "
-            f"{_delta(hit)} | {hit['p']:.2g} | {_delta(ndcg)} |"
+            f"{interval_text(hit)} | {hit['p']:.2g} | {interval_text(ndcg)} |"
         )
     return [*lines, ""]
-
-
-def _delta(m: dict[str, Any]) -> str:
-    lo, hi = m["ci95"]
-    return f"{m['delta']:+.4f} ± {(hi - lo) / 2:.4f}"
 
 
 def _write_report(

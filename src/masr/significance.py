@@ -13,6 +13,7 @@ Public API:
     standard_errors(ranks) -> {"hit@10": se, "ndcg@10": se}       one run, one protocol
     mcnemar_p(b, c) -> float                                       exact two-sided p-value
     paired(ranks_a, ranks_b) -> dict                                one pair, one protocol
+    interval_text(m) -> "+0.0123 ± 0.0045"                         Δ and its 95% half-width
     comparisons(results, ranks) -> list[dict]                       the pairs ``masr evaluate
         --significance`` reports: each of masr's models against the best baseline of each
         protocol, and the paper's orderings (A-variant against plain, fusion against its
@@ -102,6 +103,12 @@ def paired(ranks_a: np.ndarray, ranks_b: np.ndarray) -> dict[str, Any]:
     only_b = int(((hit_b > 0) & (hit_a == 0)).sum())
     out[f"hit@{CUTOFF}"].update(only_a=only_a, only_b=only_b, p=mcnemar_p(only_a, only_b))
     return out
+
+
+def interval_text(m: Mapping[str, Any]) -> str:
+    """One of ``paired``'s figures as text: Δ ± the half-width of its 95% interval."""
+    lo, hi = m["ci95"]
+    return f"{m['delta']:+.4f} ± {(hi - lo) / 2:.4f}"
 
 
 def comparisons(
