@@ -81,7 +81,8 @@ def test_comparisons_pick_the_best_baseline_and_the_papers_orderings() -> None:
     ranks = {n: {"sampled": rng.integers(0, 30, 200), "full": rng.integers(0, 300, 50)}
              for n in names}
     results = {n: {p: metrics_from_ranks(r) for p, r in v.items()} for n, v in ranks.items()}
-    out = comparisons(results, ranks, ["pop", "itemknn"])
+    ours = ["mdr", "mass", "masr", "amdr", "amass", "amasr"]
+    out = comparisons(results, ranks, ["pop", "itemknn"], ours)
     for protocol in ("sampled", "full"):
         best = max(("pop", "itemknn"), key=lambda n: (results[n][protocol]["hit@10"],
                                                       results[n][protocol]["ndcg@10"]))
@@ -100,5 +101,5 @@ def test_comparisons_pick_the_best_baseline_and_the_papers_orderings() -> None:
             )
     # only what was evaluated is compared
     few = {n: ranks[n] for n in ("itemknn", "amasr")}
-    got = comparisons({n: results[n] for n in few}, few, ["itemknn"])
+    got = comparisons({n: results[n] for n in few}, few, ["itemknn"], ours)
     assert [(e["run"], e["against"]) for e in got] == [("amasr", "itemknn")] * 2

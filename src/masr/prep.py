@@ -629,7 +629,6 @@ def table_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-
 def _kind(dtype: pl.DataType) -> str:
     """A version-independent name of a column's kind: int, float, bool, str or list[...]."""
     if isinstance(dtype, pl.List):

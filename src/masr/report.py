@@ -105,7 +105,7 @@ def evaluate_runs(
             model, on_top or {}, data, split, protocols=protocols, index=index,
             full_sample=full_sample, sample_seed=sample_seed, compile=compile, ranks_out=ranks,
         )
-        if ranks_out is not None and ranks is not None:
+        if ranks is not None:  # given ranks_out
             ranks_out.update({name or run: value for name, value in ranks.items()})
         return out
 
@@ -297,7 +297,7 @@ def paired_comparisons(
     baselines = [
         r.run for r in comparison_rows(results) if r.group == "baseline" and r.values is not None
     ]
-    out = comparisons(results, ranks, baselines)
+    out = comparisons(results, ranks, baselines, [run for run, _ in OURS])
     for entry in out:
         entry["run_label"] = labels.get(entry["run"], entry["run"])
         entry["against_label"] = labels.get(entry["against"], entry["against"])

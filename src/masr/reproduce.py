@@ -138,7 +138,7 @@ def reproduce(
         # the paper's claims case by case: every Table 2 run ranked the same cases
         from masr.report import paired_comparisons, to_jsonable
 
-        ranks = {run: _RANKS[_key(moved.get(run, main), run, config)] for run in names}
+        ranks = {run: _EVALUATED[_key(moved.get(run, main), run, config)][1] for run in names}
         tables["paired"] = to_jsonable(paired_comparisons(tables["table2"], ranks))
 
     with stage("Table 4: MASS's attention variants"):
@@ -255,11 +255,10 @@ def _copy_runs(src: Path, dst: Path, names: tuple[str, ...]) -> None:
                 shutil.copy2(src / name / file, dst / name / file)
 
 
-#: (runs directory, run) -> its test metrics, within one process: runs/main's mass and the
-#: d = 64 chain are evaluated once for Tables 2-4 and Figure 5 alike
-_EVALUATED: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
-#: the same evaluations' per-case ranks ({protocol: ranks}), for the paired comparisons
-_RANKS: dict[tuple[str, str], dict[str, Any]] = {}
+#: (runs directory, run) -> its test metrics and per-case ranks ({protocol: ranks}, for the
+#: paired comparisons), within one process: runs/main's mass and the d = 64 chain are
+#: evaluated once for Tables 2-4 and Figure 5 alike
+_EVALUATED: dict[tuple[str, str], tuple[dict[str, dict[str, float]], dict[str, Any]]] = {}
 
 
 def _evaluate(
@@ -271,7 +270,8 @@ def _evaluate(
         from masr.runs import available_runs
 
         names = available_runs(runs_dir)
-    todo = [n for n in names if _key(runs_dir, n, config) not in _EVALUATED]
+    keys = {n: _key(runs_dir, n, config) for n in names}
+    todo = [n for n in names if keys[n] not in _EVALUATED]
     if todo:
         ranks: dict[str, dict[str, Any]] = {}
         results = evaluate_runs(
@@ -279,9 +279,8 @@ def _evaluate(
             sample_seed=config.seed, log=say, ranks_out=ranks,
         )
         for run, res in to_jsonable(results).items():
-            _EVALUATED[_key(runs_dir, run, config)] = res
-            _RANKS[_key(runs_dir, run, config)] = ranks.get(run, {})
-    return {run: _EVALUATED[_key(runs_dir, run, config)] for run in run_order(names)}
+            _EVALUATED[keys[run]] = (res, ranks.get(run, {}))
+    return {run: _EVALUATED[keys[run]][0] for run in run_order(names)}
 
 
 def _key(runs_dir: Path, run: str, config: ReproduceConfig) -> tuple[str, str]:

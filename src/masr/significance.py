@@ -14,7 +14,7 @@ Public API:
     mcnemar_p(b, c) -> float                                       exact two-sided p-value
     paired(ranks_a, ranks_b) -> dict                                one pair, one protocol
     interval_text(m) -> "+0.0123 ± 0.0045"                         Δ and its 95% half-width
-    comparisons(results, ranks) -> list[dict]                       the pairs ``masr evaluate
+    comparisons(results, ranks, baselines, ours) -> list[dict]      the pairs ``masr evaluate
         --significance`` reports: each of masr's models against the best baseline of each
         protocol, and the paper's orderings (A-variant against plain, fusion against its
         better part)
@@ -32,8 +32,6 @@ import numpy as np
 CUTOFF = 10
 #: two-sided 95 % normal quantile
 Z95 = 1.959963984540054
-#: masr's own models, as ``comparisons`` pairs them with the best baseline
-OURS = ("mdr", "mass", "masr", "amdr", "amass", "amasr")
 #: the paper's orderings (section 5): (run, against, or the better of these on the protocol)
 ORDERINGS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("amdr", ("mdr",)),
@@ -115,11 +113,13 @@ def comparisons(
     results: Mapping[str, Mapping[str, Any]],
     ranks: Mapping[str, Mapping[str, np.ndarray]],
     baselines: Sequence[str],
+    ours: Sequence[str],
 ) -> list[dict[str, Any]]:
-    """The paired comparisons of one evaluation, per protocol: every run of ``OURS`` present
-    against the best of ``baselines`` on that protocol (by hit@10, then ndcg@10), then the
-    paper's ``ORDERINGS`` whose runs are present (against the better of the named runs). Each
-    entry: {"run", "against", "why", "protocol", **paired(...)}."""
+    """The paired comparisons of one evaluation, per protocol: every run of ``ours`` (masr's
+    models, ``masr.runs.registry.OURS``) present against the best of ``baselines`` on that
+    protocol (by hit@10, then ndcg@10), then the paper's ``ORDERINGS`` whose runs are present
+    (against the better of the named runs). Each entry: {"run", "against", "why", "protocol",
+    **paired(...)}."""
     out: list[dict[str, Any]] = []
     protocols = [p for p in ("sampled", "full") if any(p in r for r in ranks.values())]
 
@@ -137,7 +137,7 @@ def comparisons(
         pairs: list[tuple[str, str, str]] = []
         top = best(baselines, protocol)
         if top is not None:
-            pairs += [(run, top, "best baseline") for run in OURS if protocol in ranks.get(run, {})]
+            pairs += [(run, top, "best baseline") for run in ours if protocol in ranks.get(run, {})]
         for run, against in ORDERINGS:
             other = best(against, protocol)
             if protocol in ranks.get(run, {}) and other is not None:
