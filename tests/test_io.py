@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from masr.errors import MasrError
-from masr.io import Columns, read_interactions
+from masr.io import Columns, quote_char, read_interactions
 
 ROWS = [("u1", "p1", "t1"), ("u1", "p1", "t2"), ("u2", "p2", "t1")]
 
@@ -63,6 +63,60 @@ def test_real_export_quirks_bom_crlf_quotes_newlines_unicode(tmp_path):
     assert f["track"].to_list() == ["spotify:track:4uLU6hMCjMI75M1A2tKUQC", "ünïcødé-ид", "0042"]
     assert f["track_name"][0] == 'He said "hi", then\r\nleft'
     assert f["position"].to_list() == [0, 1, 2]
+
+
+def _bare_quotes(sep: str) -> str:
+    """An export whose double quotes are plain text inside unquoted fields, on several lines
+    (so that a quote-aware parse pairs them across lines), as database and shell exports
+    write them; TSV defines its fields that way."""
+    rows = [
+        ("u1", "p1", 'spotify:track:1"a', 'Don\'t Stop "Believin'),
+        ("u1", "p1", "t2", 'The 12" mix'),
+        ("u2", "p2", "t1", "plain"),
+        ("u2", "p2", 't"3', '"Heroes"' if sep == "\t" else "x"),
+    ]
+    lines = [sep.join(("user_id", "playlist_id", "track_id", "track_name"))]
+    return "\n".join([*lines, *(sep.join(r) for r in rows)]) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "sep"), [("bare.tsv", "\t"), ("bare.csv", ","), ("bare.tsv.gz", "\t")]
+)
+def test_plain_double_quotes_inside_unquoted_fields(tmp_path, name, sep):
+    text = _bare_quotes(sep)
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+    with pytest.raises(pl.exceptions.ComputeError, match="malformed"):  # what polars alone does
+        pl.scan_csv(path, separator=sep, infer_schema=False, quote_char='"').collect()
+    raw = read_interactions(path)
+    f = raw.frame
+    assert raw.rows == 4
+    assert f["track"].to_list() == ['spotify:track:1"a', "t2", "t1", 't"3']
+    assert f["user"].to_list() == ["u1", "u1", "u2", "u2"]
+    names = f["track_name"].to_list()
+    assert names[:3] == ['Don\'t Stop "Believin', 'The 12" mix', "plain"]
+    if sep == "\t":
+        assert names[3] == '"Heroes"'  # TSV has no quoting: the quotes are the title's
+
+
+def test_quoted_csv_keeps_its_quoting(tmp_path):
+    """A file that parses quote-aware is read quote-aware, even with bare quotes in it."""
+    path = tmp_path / "q.csv"
+    path.write_text('user_id,playlist_id,track_id\nu,"p,1","say ""hi"""\nu,"p,1",a"b"c\n')
+    assert quote_char(path, "csv") == '"'
+    assert read_interactions(path).frame["track"].to_list() == ['say "hi"', 'a"b"c']
+    plain = tmp_path / "plain.tsv"
+    plain.write_text(_bare_quotes("\t"))
+    assert quote_char(plain, "tsv") is None
+
+
+def test_csv_mixing_quoted_fields_and_bare_quotes_is_one_error(tmp_path):
+    path = tmp_path / "mixed.csv"
+    path.write_text(
+        'user_id,playlist_id,track_id\nu1,"p,1",x"y\nu1,"p,1",t2\nu2,p2,z"w\nu2,p2,"q"\n'
+    )
+    msg = _error(path)
+    assert "quotes some fields" in msg and "TSV" in msg
 
 
 def test_column_options_rename(tmp_path):

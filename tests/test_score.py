@@ -154,6 +154,20 @@ def test_other_input_formats_and_column_names(tmp_path: Path, exported: Path, ki
     assert summary.playlists == 1 and read_out(tmp_path / "o.csv").height == 3
 
 
+def test_plain_double_quotes_in_a_tsv_are_text(tmp_path: Path, exported: Path) -> None:
+    """A TSV whose quotes are plain text inside fields (an unmatched one per line, which a
+    quote-aware parse rejects as malformed) scores like the same file without them."""
+    rows = [("u0", "p0", "s1", '12" mix'), ("u0", "p0", 's"99', "x"), ("u1", "p1", "s5", 'a "b')]
+    text = "\n".join(["user_id\tplaylist_id\ttrack_id\tnote", *("\t".join(r) for r in rows)])
+    path = tmp_path / "in.tsv"
+    path.write_text(text + "\n")
+    summary = score_file(path, exported, tmp_path / "o.csv", ScoreConfig(k=3, read_rows=2))
+    assert summary.playlists == 2 and summary.unknown_song_rows == 1
+    plain = write_csv(tmp_path / "plain.csv", [r[:3] for r in rows if '"' not in r[2]])
+    score_file(plain, exported, tmp_path / "p.csv", ScoreConfig(k=3))
+    assert (tmp_path / "o.csv").read_text() == (tmp_path / "p.csv").read_text()
+
+
 def test_k_larger_than_the_free_catalog_returns_what_is_left(
     tmp_path: Path, exported: Path
 ) -> None:

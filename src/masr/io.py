@@ -1,7 +1,8 @@
 """Reading playlist interaction files: CSV, TSV or Parquet, optionally gzipped.
 
-Real exports parse as they are: a UTF-8 byte-order mark, CRLF line ends, and quoted fields that
-hold commas, doubled quotes or newlines. Ids are read as strings (numbers, ``spotify:track:...``
+Real exports parse as they are: a UTF-8 byte-order mark, CRLF line ends, quoted fields that
+hold commas, doubled quotes or newlines, and double quotes that are plain text inside unquoted
+fields (TSV's rule, and what database and shell exports write: ``quote_char``). Ids are read as strings (numbers, ``spotify:track:...``
 and unicode all work). Every problem a user can fix becomes one :class:`MasrError` line that
 names the file and the problem.
 """
@@ -161,14 +162,49 @@ def check_file(path: Path) -> bytes:
 
 def scan(path: Path, kind: str, gz: bool) -> pl.LazyFrame:
     """A lazy frame over an interaction file of the ``detect_format`` kind; CSV/TSV columns are
-    all read as String, so ids stay exactly as written (``masr prep`` and ``masr score``)."""
+    all read as String, so ids stay exactly as written (``masr prep`` and ``masr score``), with
+    the quoting ``quote_char`` finds."""
     if kind == "parquet":
         if gz:
             raise MasrError(f"{path}: gzipped Parquet is not supported; decompress it first")
         return pl.scan_parquet(path)
-    return pl.scan_csv(
-        path, separator="\t" if kind == "tsv" else ",", infer_schema=False, quote_char='"'
-    )
+    return _scan_text(path, kind, quote_char(path, kind))
+
+
+def _scan_text(path: Path, kind: str, quote: str | None) -> pl.LazyFrame:
+    separator = "\t" if kind == "tsv" else ","
+    return pl.scan_csv(path, separator=separator, infer_schema=False, quote_char=quote)
+
+
+def quote_char(path: Path, kind: str) -> str | None:
+    """How a CSV/TSV file quotes: '"' (RFC 4180: a field that starts with a double quote may
+    hold separators, newlines and doubled quotes), or None when the file's double quotes are
+    plain text inside unquoted fields (``Don't Stop "Believin"``, as database and shell
+    exports write them, and as TSV defines them), which a quote-aware parse rejects as
+    malformed. Decided by one quote-aware pass over the file (every column parsed; a count
+    alone would not notice). A CSV that needs quoting in one place and has such quotes in
+    another cannot be read either way: one error line."""
+    probe = _scan_text(path, kind, '"').select(pl.all().str.len_bytes().sum())
+    try:
+        probe.collect(engine="streaming")
+        return '"'
+    except pl.exceptions.ComputeError as exc:
+        if "malformed" not in str(exc):
+            return '"'  # another problem: the read itself reports it
+    if kind == "csv":
+        plain = _scan_text(path, kind, None)
+        try:
+            quoted = plain.select(pl.any_horizontal(pl.all().str.starts_with('"')).any())
+            mixed = bool(quoted.collect(engine="streaming").item())
+        except pl.exceptions.PolarsError:
+            mixed = True  # e.g. a quoted field that holds the separator: more fields than named
+        if mixed:
+            raise MasrError(
+                f"{path}: malformed CSV: it quotes some fields and has double quotes inside "
+                "unquoted ones elsewhere; quote every field that holds a double quote (and "
+                "double that quote), or write the file as TSV"
+            )
+    return None
 
 
 def id_columns(
