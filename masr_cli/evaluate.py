@@ -201,6 +201,7 @@ def command(
     console.print(table)
     if candidates:
         console.print(two_stage_table(results, min(candidates, prepared.n_songs)))
+    payload: dict = results  # what --json writes: the runs, and the comparisons when asked
     if ranks is not None:
         from masr.significance import standard_errors
 
@@ -209,11 +210,11 @@ def command(
         for run, by_protocol in ranks.items():
             if run in results:
                 results[run]["se"] = {p: standard_errors(r) for p, r in by_protocol.items()}
-        results["_paired"] = paired  # type: ignore[assignment]
+        payload = {**results, "_paired": paired}
     if json_out == "-":
-        sys.stdout.write(json.dumps(to_jsonable(results), indent=2) + "\n")
+        sys.stdout.write(json.dumps(to_jsonable(payload), indent=2) + "\n")
     elif json_out is not None:
-        write_json(results, json_out)
+        write_json(payload, json_out)
         console.print(f"wrote {json_out}")
     if plot is not None:
         plot_hit_curves(results, plot, title=split.value)

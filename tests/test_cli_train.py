@@ -563,7 +563,7 @@ def test_evaluate_significance_pairs_runs_on_the_same_cases(
 ) -> None:
     """--significance: the paired table on stderr; --json keeps every run's metrics as before
     and adds their standard errors ("se") and the comparisons ("_paired"), whose Δ is the
-    difference of the two runs' figures."""
+    difference of the two runs' figures; --plot works beside it."""
     import shutil
 
     data, shared, _ = amasr_runs
@@ -572,8 +572,10 @@ def test_evaluate_significance_pairs_runs_on_the_same_cases(
     _ok(["train", "--model", "pop", "--data", str(data), "--runs", str(runs), *TINY])
     args = ["evaluate", "--data", str(data), "--runs", str(runs), "--threads", "1"]
     plain = json.loads(_ok([*args, "--json", "-"]).stdout)
-    result = _ok([*args, "--json", "-", "--significance"])
+    png = tmp_path / "hits.png"
+    result = _ok([*args, "--json", "-", "--significance", "--plot", str(png)])
     assert "paired on the same cases" in result.stderr and "McNemar" in result.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG"  # --plot beside it draws the runs alone
     out = json.loads(result.stdout)
     paired = out.pop("_paired")
     assert set(out) == set(plain)
