@@ -88,8 +88,9 @@ def attention(
         list[Path],
         typer.Option(
             metavar="DIR",
-            help="A run directory (runs/<run>) of a MASS model or a fusion; repeat for several, "
-            "e.g. one per --set attention variant.",
+            help="A run directory (runs/<run>) of a MASS model or a fusion, or a runs "
+            "directory (its MASS runs: mass, amass, the ablations); repeat for several, e.g. "
+            "one per --set attention variant.",
             show_default=False,
         ),
     ],
@@ -124,6 +125,8 @@ def attention(
     Examples:
 
       masr analyze attention --runs runs/mass --runs runs-dot/mass --out analysis
+
+      masr analyze attention --runs runs    # every MASS run in it
     """
     from masr.analyze import attention_correlation, rho_text
     from masr.atomic import atomic_file
@@ -137,7 +140,9 @@ def attention(
         raise MasrError("--bootstrap must be 0 (no standard errors) or at least 2")
     _check_out(out)
     prepared = load_prepared(data)
-    pairs = attention_correlation(prepared, runs, split=split.value, max_cases=cases, seed=seed)
+    pairs = attention_correlation(
+        prepared, _mass_runs(runs), split=split.value, max_cases=cases, seed=seed
+    )
     labels = [p.label for p in pairs]
     # one row per run: keyed by its attention, or by its path where two runs share one
     rows = [p.summary(bootstrap, seed) for p in pairs]
@@ -155,6 +160,33 @@ def attention(
     panels = {f"{p.label}\n{Path(p.run).parent.name}/{Path(p.run).name}":
               (p.pmi.tolist(), p.weight.tolist(), p.pearson, p.pearson_within) for p in pairs}
     _wrote(out / "attention.json", maybe(plot_attention, panels, out / "attention.png"))
+
+
+def _mass_runs(paths: list[Path]) -> list[Path]:
+    """``--runs`` of ``attention``: a run directory as given; a runs directory as the MASS
+    runs in it (run.json's model "mass": MASS, AMASS, the Table 3 ablations; not the fusions,
+    which hold the same MASS parts)."""
+    from masr.errors import MasrError
+
+    dirs: list[Path] = []
+    for path in paths:
+        if (path / "best.pt").is_file() or not path.is_dir():
+            dirs.append(path)  # a run (or a missing path: attention_correlation says so)
+            continue
+        found = [run for run in sorted(p for p in path.iterdir() if p.is_dir())
+                 if (run / "best.pt").is_file() and _run_model(run) == "mass"]
+        if not found:
+            raise MasrError(f"--runs {path}: no best.pt, and no MASS run in it (give run "
+                            "directories, runs/<run>, or a runs directory with a MASS run)")
+        dirs += found
+    return dirs
+
+
+def _run_model(run: Path) -> str | None:
+    try:
+        return json.loads((run / "run.json").read_text()).get("model")
+    except (OSError, ValueError):
+        return None
 
 
 def _wrote(table: Path, png: Path | None) -> None:

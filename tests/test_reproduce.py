@@ -160,6 +160,17 @@ def test_analyze_attention_and_speed_on_tiny_runs(planted_dir: Path, tmp_path: P
     table = json.loads((out / "attention.json").read_text())
     assert set(table) == {"mem-metric", str(runs_dot / "mass")}
     assert "pearson_se" not in table["mem-metric"]
+    # a runs directory stands for its MASS runs (an MDR run beside them is left out)
+    _invoke(["train", "--model", "mdr", "--runs", str(runs_dot), *common])
+    _invoke(["analyze", "attention", "--data", str(planted_dir), "--runs", str(runs),
+             "--runs", str(runs_dot), "--out", str(out), "--cases", "0", "--bootstrap", "0"])
+    by_folder = json.loads((out / "attention.json").read_text())
+    assert set(by_folder) == {"mem-metric", "mem-dot"}
+    assert by_folder["mem-metric"] == table["mem-metric"]
+    assert by_folder["mem-dot"] == table[str(runs_dot / "mass")]
+    refused = runner.invoke(app, ["analyze", "attention", "--data", str(planted_dir), "--runs",
+                                  str(planted_dir), "--out", str(out)])
+    assert refused.exit_code == 1 and "no MASS run in it" in refused.stderr
 
 
 def test_analyze_writes_its_table_without_matplotlib(
