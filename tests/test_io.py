@@ -213,6 +213,13 @@ def test_missing_column_names_the_option(tmp_path):
     pl.DataFrame({"user_id": ["a"], "pid": ["1"], "track_id": ["x"]}).write_csv(path)
     msg = _error(path)
     assert "'playlist_id'" in msg and "--playlist-col" in msg and "pid" in msg
+    # no user column at all (MPD): the error says how to make each playlist its own user
+    mpd = tmp_path / "mpd.csv"
+    pl.DataFrame({"pid": ["1"], "track_uri": ["x"]}).write_csv(mpd)
+    msg = _error(mpd, Columns(playlist="pid", track="track_uri"))
+    assert "'user_id'" in msg and "--user-col pid, one user per playlist" in msg
+    raw = read_interactions(mpd, Columns(user="pid", playlist="pid", track="track_uri"))
+    assert raw.frame.select("user", "playlist", "track").rows() == [("1", "1", "x")]
 
 
 def test_null_ids(tmp_path):

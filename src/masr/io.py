@@ -2,9 +2,9 @@
 
 Real exports parse as they are: a UTF-8 byte-order mark, CRLF line ends, quoted fields that
 hold commas, doubled quotes or newlines, and double quotes that are plain text inside unquoted
-fields (TSV's rule, and what database and shell exports write: ``quote_char``). Ids are read as strings (numbers, ``spotify:track:...``
-and unicode all work). Every problem a user can fix becomes one :class:`MasrError` line that
-names the file and the problem.
+fields (TSV's rule, and what database and shell exports write: ``quote_char``). Ids are read
+as strings (numbers, ``spotify:track:...`` and unicode all work). Every problem a user can fix
+becomes one :class:`MasrError` line that names the file and the problem.
 """
 
 from __future__ import annotations
@@ -219,6 +219,9 @@ def id_columns(
     if missing:
         option = {v: k for k, v in wanted.items()}
         hint = ", ".join(f"--{option[m]}-col" for m in missing)
+        if wanted.get("user") in missing and wanted.get("playlist") in names:
+            # perhaps no user column at all, as in MPD: every playlist its own user
+            hint += f" (none in the file: --user-col {wanted['playlist']}, one user per playlist)"
         raise MasrError(
             f"{path}: missing column {', '.join(repr(m) for m in missing)} "
             f"(found: {_found(names)}); name the right one with {hint}"
