@@ -103,3 +103,18 @@ def test_comparisons_pick_the_best_baseline_and_the_papers_orderings() -> None:
     few = {n: ranks[n] for n in ("itemknn", "amasr")}
     got = comparisons({n: results[n] for n in few}, few, ["itemknn"], ours)
     assert [(e["run"], e["against"]) for e in got] == [("amasr", "itemknn")] * 2
+
+
+def test_json_keeps_tiny_p_values() -> None:
+    """The JSON rounds figures to 6 decimals, but a p-value of 1e-50 (16 against 239
+    discordant cases) stays a p-value, not 0."""
+    from masr.report import to_jsonable
+
+    p = mcnemar_p(16, 239)
+    assert 0 < p < 1e-40
+    out = to_jsonable({"run": {"hit@10": 0.123456789, "se": 3.2e-7}, "_paired": [{"p": p}]})
+    assert out["_paired"][0]["p"] == pytest.approx(p, rel=1e-5) and out["_paired"][0]["p"] > 0
+    assert out["run"] == {"hit@10": 0.123457, "se": 3.2e-7}
+    assert to_jsonable({"x": 0.0, "y": 1.0, "z": -0.00012345678}) == {
+        "x": 0.0, "y": 1.0, "z": -0.000123
+    }

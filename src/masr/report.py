@@ -330,8 +330,9 @@ def plot_hit_curves(
 
 
 def to_jsonable(results: Any) -> Any:
-    """Round floats for the JSON output (6 decimals keeps every reported digit), at any depth
-    (``--significance`` adds standard errors and the paired comparisons, a list)."""
+    """Round floats for the JSON output (6 decimals keeps every reported digit; below 1e-4,
+    6 significant digits, so that a p-value of 1e-50 stays one and never becomes 0), at any
+    depth (``--significance`` adds standard errors and the paired comparisons, a list)."""
 
     def walk(value: Any) -> Any:
         if isinstance(value, dict):
@@ -340,7 +341,8 @@ def to_jsonable(results: Any) -> Any:
             return [walk(v) for v in value]
         if isinstance(value, (bool, int, str)) or value is None:
             return value
-        return round(float(value), 6)
+        number = float(value)
+        return float(f"{number:.6g}") if 0 < abs(number) < 1e-4 else round(number, 6)
 
     return walk(results)
 
