@@ -677,6 +677,54 @@ def test_shared_slot_pool_equals_the_plain_formula_with_gradients(own_only: bool
         assert torch.allclose(again, fused, atol=1e-14)
 
 
+@pytest.mark.parametrize("peak", [1.0, 8.0, 400.0])
+def test_leave_one_out_pool_equals_the_plain_formula_with_gradients(peak: float) -> None:
+    """Rows whose members are all their playlist's songs but their own: the softmin from
+    per-group sums (``loo``) gives the loop formula's values and every input's gradients, in
+    float64, with padded slots, a one-song group (its row has no member), tied logits and
+    logits scaled by ``peak`` (8: a row's own slot holds nearly all the weight; 400: the
+    others' weights underflow and the rows are pooled one by one instead)."""
+    from masr.models.mass import _leave_one_out_parts, shared_slot_pool
+
+    gen = torch.Generator().manual_seed(7)
+    groups, slots, d, n = 4, 6, 5, 7
+    shapes = [(groups, n, d), (groups, d, slots), (groups, 1, slots),
+              (groups, n, d), (groups, d, slots), (groups, 1, slots)]
+    inputs = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    inputs[0] *= peak**0.5
+    inputs[1] *= peak**0.5
+    inputs[2] *= peak
+    inputs[2][1, 0, 4:] = math.inf  # group 1: four real slots
+    inputs[2][3, 0, 1:] = math.inf  # group 3: one song, so its row has no member
+    inputs[1][2, :, 3] = inputs[1][2, :, 1]  # group 2: two slots tied for every candidate
+    inputs[2][2, 0, 3] = inputs[2][2, 0, 1]
+    inputs = [t.requires_grad_() for t in inputs]
+    real = ~torch.isinf(inputs[2].detach()[:, 0])  # (G, L)
+    group = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 3, 0, 2])
+    own = torch.tensor([0, 3, 5, 1, 3, 1, 3, 0, 0, 2, 4])
+    open_slots = real[group].clone()
+    open_slots[torch.arange(len(group)), own] = False
+    plain = _plain_shared_slots(*inputs, group, open_slots, None)
+    fast = shared_slot_pool(*inputs, group, open_slots, None, own)
+    with torch.no_grad():
+        lone = ~open_slots.any(1)
+        underflow = _leave_one_out_parts(*inputs, group=group, own=own, lone=lone) is None
+    assert underflow == (peak > 100)
+    assert torch.allclose(fast, plain, atol=1e-9 * peak)
+    assert (fast[8] == 0).all()
+    weights = torch.randn(fast.shape, generator=gen, dtype=torch.float64)
+    g_fast = torch.autograd.grad((fast * weights).sum(), inputs)
+    g_plain = torch.autograd.grad((plain * weights).sum(), inputs, allow_unused=True)
+    for i, (a, b) in enumerate(zip(g_fast, g_plain, strict=True)):
+        closed = torch.isinf(inputs[i].detach())
+        b = torch.zeros_like(a) if b is None else b
+        assert torch.allclose(a[~closed], b[~closed], atol=1e-9 * peak), i
+        assert (a[closed] == 0).all(), i
+    with torch.no_grad():
+        again = shared_slot_pool(*inputs, group, open_slots, None, own)
+        assert torch.allclose(again, fast, atol=1e-12 * peak)
+
+
 @pytest.mark.parametrize("attention", ["mem-metric", "mem-dot", "nonmem-metric"])
 @pytest.mark.parametrize("context", ["user", "user+playlist"])
 def test_playlist_grouped_scores_equal_the_plain_path_with_gradients(

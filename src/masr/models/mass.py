@@ -303,6 +303,97 @@ def _shared_slot_parts(
     return alpha, row_terms, (alpha * row_terms).sum(-1)  # Σ_t α_t d²_t, (B, C)
 
 
+#: below this, the softmin's sum over a row's members (relative to the largest logit of the
+#: group, which is the row's own) is taken for an underflow, and the batch pools row by row
+LOO_TINY = 1e-30
+
+
+def _leave_one_out_parts(
+    *inputs: Tensor, group: Tensor, own: Tensor, lone: Tensor
+) -> tuple[Tensor, ...] | None:
+    """``shared_slot_pool`` for rows whose open slots are all their group's slots but their own
+    (``loo``): the softmin of eqs. 18-19 over "all but one" from the group's sums, so that no
+    (B, C, L) tensor is formed. With m the largest logit of a group and candidate, e_t =
+    exp(l_t - m) (1 at the largest slot, t*), Z' = Σ_{t≠t*} e_t and N' = Σ_{t≠t*} e_t d²_t:
+    a row whose own slot is o pools (N' + d²_t* - e_o d²_o) / (Z' + 1 - e_o), or N' / Z' when
+    o = t*. No cancellation: the first denominator is at least 1 and the second a sum of
+    positive terms. Returns (pooled (B, C), and what the backward needs), or None when some
+    Z' underflowed (the caller then pools row by row)."""
+    q_att, att_w2, att_norm, q, out_w, out_norm = inputs
+    logits = torch.baddbmm(att_norm, q_att, att_w2, beta=-1.0)  # eq. 17, (G, C, L)
+    terms = torch.baddbmm(out_norm, q, out_w, alpha=-2.0)  # eqs. 14-15, (G, C, L)
+    top, at = logits.max(-1, keepdim=True)  # m and t* (G, C, 1)
+    e = logits.sub_(top).exp_().scatter_(-1, at, 0.0)  # e_t, 0 at t* and closed slots
+    rest, rest_terms = e.sum(-1), torch.linalg.vecdot(e, terms)  # Z', N' (G, C)
+    t_top = terms.gather(-1, at).squeeze(-1)  # d²_t* (G, C)
+    is_top = at.squeeze(-1).index_select(0, group) == own.unsqueeze(1)  # (B, C)
+    e_own, t_own = e[group, :, own], terms[group, :, own]  # (B, C), e_own = 0 where o = t*
+    z_rest = rest.index_select(0, group)
+    if bool((is_top & (z_rest < LOO_TINY) & ~lone.unsqueeze(1)).any()):
+        return None
+    z = torch.where(is_top, z_rest, z_rest - e_own + 1.0)
+    n = rest_terms.index_select(0, group) + torch.where(
+        is_top, 0.0, t_top.index_select(0, group) - e_own * t_own
+    )
+    inv = torch.where(lone.unsqueeze(1), 0.0, z.reciprocal())  # a lone row pools 0
+    pooled = n * inv
+    return pooled, e, terms, at, t_top, is_top, inv, e_own, t_own
+
+
+def _leave_one_out_grads(
+    grad: Tensor, pooled: Tensor, e: Tensor, terms: Tensor, at: Tensor, t_top: Tensor,
+    is_top: Tensor, inv: Tensor, e_own: Tensor, t_own: Tensor, group: Tensor, own: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """The gradients of the attention logits and the terms (G, C, L) for
+    ``_leave_one_out_parts``: row b's α_t = e_t / Z_b over its slots, so both are e_t times
+    per-group sums over the rows (∂/∂d²_t = Σ_b g_b α_t, ∂/∂l_t = Σ_b g_b α_t (d²_t - pooled_b)),
+    then the slot t* for the rows that hold it, less each row's own slot. In place in ``e``
+    and ``terms`` (used once)."""
+    n_groups, n_cand = e.shape[:2]
+    g = grad * inv  # g_b / Z_b (B, C)
+    gp = g * pooled
+    other = (~is_top).to(g.dtype)  # rows for which t* is a member
+
+    def per_group(rows: Tensor) -> Tensor:
+        return rows.new_zeros(n_groups, n_cand).index_add_(0, group, rows)
+
+    a_all, p_all = per_group(g), per_group(gp)
+    a_top, p_top = per_group(g * other), per_group(gp * other)
+    g_logits = terms.mul_(a_all.unsqueeze(-1)).sub_(p_all.unsqueeze(-1)).mul_(e)
+    g_terms = e.mul_(a_all.unsqueeze(-1))
+    g_terms.scatter_add_(-1, at, a_top.unsqueeze(-1))
+    g_logits.scatter_add_(-1, at, (t_top * a_top - p_top).unsqueeze(-1))
+    w = g * e_own  # each row's own slot, counted above for its group's other rows only
+    n_rows = group.shape[0]
+    where = (
+        group.unsqueeze(1).expand(n_rows, n_cand),
+        torch.arange(n_cand, device=g.device).expand(n_rows, n_cand),
+        own.unsqueeze(1).expand(n_rows, n_cand),
+    )
+    g_terms.index_put_(where, -w, accumulate=True)
+    g_logits.index_put_(where, -w * (t_own - pooled), accumulate=True)
+    return g_logits, g_terms
+
+
+class _LeaveOneOutPool(torch.autograd.Function):
+    """``shared_slot_pool`` with ``loo`` in one autograd node (``_leave_one_out_parts``)."""
+
+    @staticmethod
+    def forward(ctx: Any, q_att, att_w2, att_norm, q, out_w, out_norm, group, own, parts):  # noqa: ANN001
+        pooled, *rest = parts
+        ctx.save_for_backward(q_att, att_w2, q, out_w, pooled, *rest, group, own)
+        return pooled
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor):  # noqa: ANN205
+        q_att, att_w2, q, out_w, pooled, *rest, group, own = ctx.saved_tensors
+        g_logits, g_terms = _leave_one_out_grads(grad, pooled, *rest, group, own)
+        need = ctx.needs_input_grad
+        return (*_pool_input_grads(need, q_att, att_w2, q, out_w, g_logits, g_terms),
+                None, None, None)
+
+
 class _SharedSlotPool(torch.autograd.Function):
     """``shared_slot_pool`` in one autograd node with a hand-written backward."""
 
@@ -348,6 +439,7 @@ def shared_slot_pool(
     group: Tensor,
     open_slots: Tensor,
     own: Tensor | None = None,
+    loo: Tensor | None = None,
 ) -> Tensor:
     """``attentive_pool`` (R = 1) for B rows that share G groups' member slots, each row over
     its own subset of them: queries ``q_att``, ``q`` (G, Vc, d) and member halves (G, d, L),
@@ -359,9 +451,23 @@ def shared_slot_pool(
     positive (less any capped or dropped ones), so the queries (eqs. 12, 16) and the batched
     GEMMs of eqs. 14-17 are formed once per playlist, not once per row; only the softmin and
     the sum (eqs. 18-19) are per row. The same values as ``attentive_pool`` on each row's own
-    member list, up to float rounding (tested in float64)."""
+    member list, up to float rounding (tested in float64).
+
+    ``loo`` (B,), each row's own slot, says that every row's open slots are all its group's
+    real slots but that one (training rows of whole playlists, nothing capped or dropped):
+    then every candidate's pooled sum comes from per-group sums (``_leave_one_out_parts``),
+    with no per-row (B, C, L) tensor, the same values up to float rounding."""
     inputs = (q_att, att_w2, att_norm, q, out_w, out_norm)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    if loo is not None and own is None:
+        lone = ~open_slots.any(1)
+        with torch.no_grad():
+            parts = _leave_one_out_parts(*inputs, group=group, own=loo, lone=lone)
+        if parts is not None:
+            if grad:
+                return _LeaveOneOutPool.apply(*inputs, group, loo, parts)
+            return parts[0]
+    if grad:
         return _SharedSlotPool.apply(*inputs, group, open_slots, own)
     return _shared_slot_parts(*inputs, group=group, open_slots=open_slots, own=own)[2]
 
@@ -664,13 +770,19 @@ class MASS(Recommender):
         side = self._member_side(songs.unsqueeze(1), mask.unsqueeze(1))
         width = side["out_w"].shape[-1]  # the slots as laid out for the GEMMs (gemm_slots)
         open_slots = F.pad(open_slots, (0, width - open_slots.shape[1]))  # (B, width)
+        # every row's members are all its playlist's songs but its own (nothing capped or
+        # dropped): the shared negatives' softmin from per-playlist sums (shared_slot_pool)
+        all_but_own = F.pad(mask, (0, width - mask.shape[1])).index_select(0, group)
+        all_but_own.scatter_(1, own.unsqueeze(1), False)
+        loo = own if bool((open_slots == all_but_own).all()) else None
         users = index.playlist_user[playlists]
         a_out, a_att = self._context_side(
             self._context(users, playlists), self._att_context(users, playlists)
         )  # (G, 1, d) each
         table = self._att_songs()
         shared_scores = self._slot_scores(
-            side, a_out, a_att, self.song_emb(shared), table(shared), group, open_slots, None
+            side, a_out, a_att, self.song_emb(shared), table(shared), group, open_slots, None,
+            loo,
         )  # (B, N)
         own_scores = self._slot_scores(
             side, a_out, a_att, self.song_emb(songs), table(songs), group, open_slots, own
@@ -688,6 +800,7 @@ class MASS(Recommender):
         group: Tensor,
         open_slots: Tensor,
         own: Tensor | None,
+        loo: Tensor | None = None,
     ) -> Tensor:
         """Eq. 19 without the song bias for B rows grouped by playlist (``_playlist_scores``):
         candidate vectors ``s_out``, ``s_att`` (Vc, d) shared by every group -> (B, Vc), or
@@ -702,7 +815,7 @@ class MASS(Recommender):
         q_norm = weighted_sum(q * q, side["w_out"])  # (G, Vc)  |B3⊙q|²
         pooled = shared_slot_pool(
             q_att, side["att_w2"], side["att_norm"], q, side["out_w"], side["out_norm"],
-            group, open_slots, own,
+            group, open_slots, own, loo,
         )  # eqs. 14-18, (B, C)
         # eq. 19: + |B3⊙q|² for rows with a member
         q_norm = q_norm.index_select(0, group) if own is None else q_norm[group, own, None]
