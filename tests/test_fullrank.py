@@ -638,6 +638,27 @@ def _plain_shared_slots(q_att, att_w2, att_norm, q, out_w, out_norm, group, open
     return out
 
 
+def _pool_inputs(gen: torch.Generator, *, groups: int, slots: int, d: int, n: int) -> list:
+    """Random float64 inputs of ``shared_slot_pool`` (queries, member halves and norms of
+    eqs. 14-17) for ``groups`` groups of ``slots`` slots and ``n`` candidates."""
+    shapes = [(groups, n, d), (groups, d, slots), (groups, 1, slots),
+              (groups, n, d), (groups, d, slots), (groups, 1, slots)]
+    return [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+
+
+def _assert_same_input_grads(fast, plain, inputs, gen, *, atol: float) -> None:  # noqa: ANN001
+    """Both outputs' gradients of one random weighting agree for every input, and the fast
+    one's are exactly 0 at closed (+inf) entries."""
+    weights = torch.randn(fast.shape, generator=gen, dtype=torch.float64)
+    g_fast = torch.autograd.grad((fast * weights).sum(), inputs)
+    g_plain = torch.autograd.grad((plain * weights).sum(), inputs, allow_unused=True)
+    for i, (a, b) in enumerate(zip(g_fast, g_plain, strict=True)):
+        closed = torch.isinf(inputs[i].detach())
+        b = torch.zeros_like(a) if b is None else b
+        assert torch.allclose(a[~closed], b[~closed], atol=atol), i
+        assert (a[closed] == 0).all(), i
+
+
 @pytest.mark.parametrize("own_only", [False, True])
 def test_shared_slot_pool_equals_the_plain_formula_with_gradients(own_only: bool) -> None:
     """MASS's playlist-grouped eqs. 14-18 (rows share their playlist's slots, each pools over
@@ -646,11 +667,9 @@ def test_shared_slot_pool_equals_the_plain_formula_with_gradients(own_only: bool
     from masr.models.mass import shared_slot_pool
 
     gen = torch.Generator().manual_seed(5)
-    groups, slots, d = 3, 5, 6
+    slots = 5
     n = slots if own_only else 4  # own: the candidates are the group's slots' songs
-    shapes = [(groups, n, d), (groups, d, slots), (groups, 1, slots),
-              (groups, n, d), (groups, d, slots), (groups, 1, slots)]
-    inputs = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    inputs = _pool_inputs(gen, groups=3, slots=slots, d=6, n=n)
     inputs[2][2, 0, 3:] = math.inf  # group 2: two padded slots
     inputs = [t.requires_grad_() for t in inputs]
     group = torch.tensor([0, 0, 2, 1, 0, 2, 2])
@@ -664,14 +683,7 @@ def test_shared_slot_pool_equals_the_plain_formula_with_gradients(own_only: bool
     assert fused.shape == plain.shape == (7, 1 if own_only else n)
     assert torch.allclose(fused, plain, atol=1e-12)
     assert (fused[3] == 0).all()
-    weights = torch.randn(fused.shape, generator=gen, dtype=torch.float64)
-    g_fused = torch.autograd.grad((fused * weights).sum(), inputs)
-    g_plain = torch.autograd.grad((plain * weights).sum(), inputs, allow_unused=True)
-    for i, (a, b) in enumerate(zip(g_fused, g_plain, strict=True)):
-        closed = torch.isinf(inputs[i].detach())
-        b = torch.zeros_like(a) if b is None else b
-        assert torch.allclose(a[~closed], b[~closed], atol=1e-12), i
-        assert (a[closed] == 0).all(), i
+    _assert_same_input_grads(fused, plain, inputs, gen, atol=1e-12)
     with torch.no_grad():  # scoring: the same values without the autograd node
         again = shared_slot_pool(*inputs, group, open_slots, own if own_only else None)
         assert torch.allclose(again, fused, atol=1e-14)
@@ -687,10 +699,7 @@ def test_leave_one_out_pool_equals_the_plain_formula_with_gradients(peak: float)
     from masr.models.mass import _leave_one_out_parts, shared_slot_pool
 
     gen = torch.Generator().manual_seed(7)
-    groups, slots, d, n = 4, 6, 5, 7
-    shapes = [(groups, n, d), (groups, d, slots), (groups, 1, slots),
-              (groups, n, d), (groups, d, slots), (groups, 1, slots)]
-    inputs = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    inputs = _pool_inputs(gen, groups=4, slots=6, d=5, n=7)
     inputs[0] *= peak**0.5
     inputs[1] *= peak**0.5
     inputs[2] *= peak
@@ -712,14 +721,7 @@ def test_leave_one_out_pool_equals_the_plain_formula_with_gradients(peak: float)
     assert underflow == (peak > 100)
     assert torch.allclose(fast, plain, atol=1e-9 * peak)
     assert (fast[8] == 0).all()
-    weights = torch.randn(fast.shape, generator=gen, dtype=torch.float64)
-    g_fast = torch.autograd.grad((fast * weights).sum(), inputs)
-    g_plain = torch.autograd.grad((plain * weights).sum(), inputs, allow_unused=True)
-    for i, (a, b) in enumerate(zip(g_fast, g_plain, strict=True)):
-        closed = torch.isinf(inputs[i].detach())
-        b = torch.zeros_like(a) if b is None else b
-        assert torch.allclose(a[~closed], b[~closed], atol=1e-9 * peak), i
-        assert (a[closed] == 0).all(), i
+    _assert_same_input_grads(fast, plain, inputs, gen, atol=1e-9 * peak)
     with torch.no_grad():
         again = shared_slot_pool(*inputs, group, open_slots, None, own)
         assert torch.allclose(again, fast, atol=1e-12 * peak)
