@@ -188,9 +188,9 @@ def quote_char(path: Path, kind: str) -> str | None:
     try:
         probe.collect(engine="streaming")
         return '"'
-    except pl.exceptions.ComputeError as exc:
-        if "malformed" not in str(exc):
-            return '"'  # another problem: the read itself reports it
+    except Exception as exc:  # polars raises several error types for malformed files
+        if not isinstance(exc, pl.exceptions.ComputeError) or "malformed" not in str(exc):
+            return '"'  # another problem (not UTF-8, no data ...): the read reports it
     if kind == "csv":
         plain = _scan_text(path, kind, None)
         try:
