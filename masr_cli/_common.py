@@ -39,7 +39,7 @@ def choices(name: str, values: tuple[str, ...]) -> Any:
 #: --device of train, evaluate and score: auto picks CUDA when it is usable
 Device = choices("Device", DEVICES)
 
-#: --threads of the commands that run PyTorch on a CPU (train, evaluate, reproduce)
+#: --threads of the commands that run PyTorch on a CPU (train, evaluate, reproduce, analyze)
 Threads = Annotated[
     int,
     typer.Option(

@@ -9,7 +9,17 @@ from typing import Annotated
 import typer
 
 from masr.config import SPLITS
-from masr_cli._common import Device, RunsData, choices, console, handle_errors, log_line, unwrap
+from masr_cli._common import (
+    Device,
+    RunsData,
+    Threads,
+    choices,
+    console,
+    cpu_threads_line,
+    handle_errors,
+    log_after,
+    unwrap,
+)
 
 NAME = "analyze"
 HELP = """Analyses of trained runs, each a JSON table and a PNG: dims (Figure 5), attention
@@ -42,6 +52,7 @@ def dims(
     ] = 0,
     seed: Annotated[int, typer.Option(help="Seed of the --full-sample draw.")] = 0,
     device: Annotated[Device, typer.Option(help="auto picks CUDA when present.")] = Device.auto,
+    threads: Threads = 0,
 ) -> None:
     """Quality against the embedding size d, as the paper's Figure 5.
 
@@ -67,8 +78,9 @@ def dims(
 
     _check_out(out)  # before the evaluation, not after it
     prepared = load_prepared(data)
+    log = log_after(cpu_threads_line(threads, device.value))
     table = quality_by_dim(prepared, runs, model, split=split.value, device=device.value,
-                           full_sample=full_sample, seed=seed, log=log_line)
+                           full_sample=full_sample, seed=seed, log=log)
     _out_folder(out)
     with atomic_file(out / "dims.json", "w") as fh:
         json.dump(table, fh, indent=2)
@@ -108,6 +120,7 @@ def attention(
         typer.Option(help="Resamples of the cases (with --seed) for the standard errors of rho "
                      "(pearson_se, pearson_within_se); 0 = none."),
     ] = 200,
+    threads: Threads = 0,
 ) -> None:
     """Pearson correlation between PMI attentive scores and learned attention weights.
 
@@ -140,6 +153,9 @@ def attention(
         raise MasrError("--bootstrap must be 0 (no standard errors) or at least 2")
     _check_out(out)
     prepared = load_prepared(data)
+    thread_line = cpu_threads_line(threads, "cpu")
+    if thread_line:
+        console.print(thread_line)
     pairs = attention_correlation(
         prepared, _mass_runs(runs), split=split.value, max_cases=cases, seed=seed
     )

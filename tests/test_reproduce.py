@@ -126,7 +126,8 @@ def test_analyze_attention_and_speed_on_tiny_runs(planted_dir: Path, tmp_path: P
              *common])
     out = tmp_path / "analysis"
     _invoke(["analyze", "attention", "--data", str(planted_dir), "--runs", str(runs / "mass"),
-             "--runs", str(runs_dot / "mass"), "--out", str(out), "--cases", "0"])
+             "--runs", str(runs_dot / "mass"), "--out", str(out), "--cases", "0",
+             "--threads", "1"])
     table = json.loads((out / "attention.json").read_text())
     assert set(table) == {"mem-metric", "mem-dot"}
     assert all(-1 <= v["pearson"] <= 1 and v["pairs"] > v["cases"] > 0 for v in table.values())
@@ -202,10 +203,13 @@ def test_analyze_dims_keys_each_run_by_its_embedding_size(
     out = tmp_path / "analysis"
     args = ["analyze", "dims", "--data", str(planted_dir), "--out", str(out),
             "--full-sample", "40", "--device", "cpu"]
-    log = _invoke([*args, "--runs", str(tmp_path / "d16"), "--runs", str(tmp_path / "d8")])
+    log = _invoke([*args, "--runs", str(tmp_path / "d16"), "--runs", str(tmp_path / "d8"),
+                   "--threads", "1"])
     table = json.loads((out / "dims.json").read_text())
     assert list(table) == ["mdr"] and list(table["mdr"]) == ["8", "16"]  # pop has no d
     assert "pop: no embedding size" in " ".join(log.split())  # rich wraps long lines
+    refused = runner.invoke(app, [*args, "--runs", str(tmp_path / "d8"), "--threads", "-1"])
+    assert refused.exit_code == 1 and "--threads must be >= 0" in refused.stderr
     # the same figures as `masr evaluate` gives the d = 16 run on the same cases
     _invoke(["evaluate", "--data", str(planted_dir), "--runs", str(tmp_path / "d16"),
              "--model", "mdr", "--full-sample", "40", "--device", "cpu",
