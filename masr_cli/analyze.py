@@ -183,26 +183,20 @@ def _mass_runs(paths: list[Path]) -> list[Path]:
     runs in it (run.json's model "mass": MASS, AMASS, the Table 3 ablations; not the fusions,
     which hold the same MASS parts)."""
     from masr.errors import MasrError
+    from masr.runs import available_runs, read_run_json
 
     dirs: list[Path] = []
     for path in paths:
         if (path / "best.pt").is_file() or not path.is_dir():
             dirs.append(path)  # a run (or a missing path: attention_correlation says so)
             continue
-        found = [run for run in sorted(p for p in path.iterdir() if p.is_dir())
-                 if (run / "best.pt").is_file() and _run_model(run) == "mass"]
+        found = [path / run for run in available_runs(path)
+                 if (read_run_json(path / run) or {}).get("model") == "mass"]
         if not found:
             raise MasrError(f"--runs {path}: no best.pt, and no MASS run in it (give run "
                             "directories, runs/<run>, or a runs directory with a MASS run)")
         dirs += found
     return dirs
-
-
-def _run_model(run: Path) -> str | None:
-    try:
-        return json.loads((run / "run.json").read_text()).get("model")
-    except (OSError, ValueError):
-        return None
 
 
 def _wrote(table: Path, png: Path | None) -> None:

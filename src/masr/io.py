@@ -9,6 +9,7 @@ becomes one :class:`MasrError` line that names the file and the problem.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import zlib
@@ -177,13 +178,22 @@ def _scan_text(path: Path, kind: str, quote: str | None) -> pl.LazyFrame:
 
 
 def quote_char(path: Path, kind: str) -> str | None:
+    """``_quote_char`` for the file as it is now: decided once per version of the file (size
+    and modification time), since ``masr score`` scans its input to check it, then to read it."""
+    stat = Path(path).stat()
+    return _quote_char(Path(path).resolve(), kind, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _quote_char(path: Path, kind: str, size: int, mtime_ns: int) -> str | None:
     """How a CSV/TSV file quotes: '"' (RFC 4180: a field that starts with a double quote may
     hold separators, newlines and doubled quotes), or None when the file's double quotes are
     plain text inside unquoted fields (``Don't Stop "Believin"``, as database and shell
     exports write them, and as TSV defines them), which a quote-aware parse rejects as
     malformed. Decided by one quote-aware pass over the file (every column parsed; a count
     alone would not notice). A CSV that needs quoting in one place and has such quotes in
-    another cannot be read either way: one error line."""
+    another cannot be read either way: one error line. ``size`` and ``mtime_ns`` only key the
+    cache."""
     probe = _scan_text(path, kind, '"').select(pl.all().str.len_bytes().sum())
     try:
         probe.collect(engine="streaming")
