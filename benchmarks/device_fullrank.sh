@@ -43,6 +43,10 @@ CHAIN=${CHAIN:-$WORK/chain}
 # row-dropout MDR side with the recipe's MASS side (on the synthetic set it loses in the fusion:
 # docs/training.md), from the same two passes in one call, the second one adding
 # CHAIN=/tmp/masr-device/chain_row FUSE_PAIRS="chain_row/amdr+chain/amass chain_row/mdr+chain/mass"
+# The recipe with APR's ε = 2 (the default since 2026-11-29) ran on an H200 in the twenty-fifth
+# session: TESTS_BESIDE=1 PARALLEL=1 TIME_LIMIT=250 CHAIN_ARGS="--patience 3" in 405 s, with
+# DATA_SRC=.aotm/aotm2011.parquet: the CSV rewritten as zstd Parquet (3.1 MB; `masr prep` gives the
+# same tables), because the CSV (5.7 MB) and the polars wheels (56 MB) together pass the call's 64 MiB
 CHAIN_ARGS=${CHAIN_ARGS:-}
 SPEED_SECONDS=6
 if [ "${DRY:-0}" = 1 ]; then DEVICE=cpu TL=2 FULL_SAMPLE=300 SPEED_SECONDS=1; fi
