@@ -19,7 +19,7 @@ def command(
     input: Annotated[
         Path | None,
         typer.Argument(
-            help="Playlist file: CSV, TSV or Parquet, optionally gzipped, one row per "
+            help="Playlist file: CSV (comma, semicolon or pipe), TSV or Parquet, optionally gzipped, one row per "
             "(user, playlist, track). Leave out to use the embedded synthetic dataset.",
             show_default=False,
         ),

@@ -30,6 +30,9 @@ def _frame() -> pl.DataFrame:
         ("tabs.csv", "tsv"),  # a tab-separated header, whatever the name
         ("tabs.gz", "tsv+gzip"),
         ("tabs.txt", "tsv"),
+        ("semi.csv", "csv-semicolon"),  # a spreadsheet's CSV where the decimal mark is a comma
+        ("semi.csv.gz", "csv-semicolon+gzip"),
+        ("pipes.txt", "csv-pipe"),  # a database export
     ],
 )
 def test_formats(tmp_path, name, fmt):
@@ -38,7 +41,8 @@ def test_formats(tmp_path, name, fmt):
     if fmt == "parquet":
         df.write_parquet(path)
     else:
-        text = df.write_csv(separator="\t" if fmt.startswith("tsv") else ",")
+        sep = {"tsv": "\t", "csv-semicolon": ";", "csv-pipe": "|"}.get(fmt.split("+")[0], ",")
+        text = df.write_csv(separator=sep)
         data = text.encode()
         path.write_bytes(gzip.compress(data) if "gzip" in fmt else data)
     raw = read_interactions(path)
@@ -127,6 +131,33 @@ def test_column_options_rename(tmp_path):
     raw = read_interactions(path, Columns(user="owner", playlist="pid", track="uri"))
     assert raw.frame.columns == ["user", "playlist", "track"]
     assert raw.frame["track"].to_list() == ["x", "y"]
+
+
+def test_semicolon_csv_keeps_its_quoting_and_commas(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_text('user_id;playlist_id;track_id\n"a;1";p;"x, y"\na;p;"say ""hi"""\n')
+    raw = read_interactions(path)
+    assert raw.format == "csv-semicolon"
+    assert raw.frame.select("user", "track").rows() == [("a;1", "x, y"), ("a", 'say "hi"')]
+
+
+def test_column_names_match_whatever_their_case_and_spaces(tmp_path):
+    """Spreadsheet and hand-edited headers (``User_ID``, `` track_id ``) name the columns
+    masr wants; exact names win, and two columns equal but for case are not guessed between."""
+    path = tmp_path / "in.csv"
+    path.write_text("User_ID , PLAYLIST_ID,track_id , Position,Track_Name\nu,p,t,3,Song\n")
+    raw = read_interactions(path)
+    assert raw.frame.select("user", "playlist", "track").rows() == [("u", "p", "t")]
+    assert raw.frame["position"].to_list() == [3] and raw.frame["track_name"].to_list() == ["Song"]
+    exact = tmp_path / "exact.csv"
+    exact.write_text("user_id,USER_ID,playlist_id,track_id\nright,wrong,p,t\n")
+    assert read_interactions(exact).frame["user"].to_list() == ["right"]
+    both = tmp_path / "both.csv"
+    both.write_text("User_Id,USER_ID,playlist_id,track_id\na,b,p,t\n")
+    with pytest.raises(MasrError, match="missing column 'user_id'"):
+        read_interactions(both)
+    mine = read_interactions(path, Columns(user="user_id ", playlist="playlist_id"))
+    assert mine.frame["user"].to_list() == ["u"]
 
 
 def test_parquet_integer_ids_become_strings(tmp_path):

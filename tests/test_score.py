@@ -154,6 +154,19 @@ def test_other_input_formats_and_column_names(tmp_path: Path, exported: Path, ki
     assert summary.playlists == 1 and read_out(tmp_path / "o.csv").height == 3
 
 
+def test_semicolon_csv_with_a_spreadsheet_header_scores_as_the_plain_csv(
+    tmp_path: Path, exported: Path
+) -> None:
+    rows = [("u0", "p0", "s1"), ("u0", "p0", "s2"), ("u1", "p1", "s5")]
+    path = tmp_path / "excel.csv"
+    path.write_text("\n".join(["User_ID;Playlist_ID;Track_ID", *(";".join(r) for r in rows)]))
+    score_file(path, exported, tmp_path / "o.csv", ScoreConfig(k=3))
+    plain = write_csv(tmp_path / "plain.csv", rows)
+    score_file(plain, exported, tmp_path / "p.csv", ScoreConfig(k=3))
+    assert (tmp_path / "o.csv").read_text() == (tmp_path / "p.csv").read_text()
+    assert read_out(tmp_path / "o.csv").height == 6
+
+
 def test_plain_double_quotes_in_a_tsv_are_text(tmp_path: Path, exported: Path) -> None:
     """A TSV whose quotes are plain text inside fields (an unmatched one per line, which a
     quote-aware parse rejects as malformed) scores like the same file without them."""

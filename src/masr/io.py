@@ -64,7 +64,7 @@ class RawInput:
 
     frame: pl.DataFrame
     path: str
-    format: str  # "csv", "tsv", "parquet", with "+gzip" when compressed
+    format: str  # "csv", "tsv", "csv-semicolon", "csv-pipe", "parquet"; "+gzip" when compressed
     rows: int
     checksum: str  # sha256 of the input bytes
     #: with ``read_interactions(..., extras_apart=True)``: one row per track (``track`` plus the
@@ -73,7 +73,8 @@ class RawInput:
 
 
 def detect_format(path: Path, head: bytes) -> tuple[str, bool]:
-    """(kind, gzipped) from the file's first bytes, then its name: kind is csv, tsv or parquet."""
+    """(kind, gzipped) from the file's first bytes, then its name: kind is csv, tsv,
+    csv-semicolon, csv-pipe (``_SEPARATORS``) or parquet."""
     gz = head.startswith(_GZIP_MAGIC)
     if head.startswith(_PARQUET_MAGIC):
         return "parquet", False
@@ -100,8 +101,14 @@ def detect_format(path: Path, head: bytes) -> tuple[str, bool]:
         )
     if last in (".tsv", ".tab"):
         return "tsv", gz
-    # a header with tabs and no comma is TSV, whatever the name (.csv, .txt, none)
-    return ("tsv" if b"\t" in first_line and b"," not in first_line else "csv"), gz
+    # a header with tabs and no comma is TSV, whatever the name (.csv, .txt, none); one with
+    # semicolons (spreadsheets in locales whose decimal mark is a comma) or pipes (database
+    # exports) and no comma or tab is separated by those
+    if b"," not in first_line:
+        for kind in ("tsv", "csv-semicolon", "csv-pipe"):
+            if _SEPARATORS[kind].encode() in first_line:
+                return kind, gz
+    return "csv", gz
 
 
 def one_line(exc: BaseException) -> str:
@@ -172,9 +179,12 @@ def scan(path: Path, kind: str, gz: bool) -> pl.LazyFrame:
     return _scan_text(path, kind, quote_char(path, kind))
 
 
+#: the field separator of each text kind ``detect_format`` tells apart
+_SEPARATORS = {"csv": ",", "tsv": "\t", "csv-semicolon": ";", "csv-pipe": "|"}
+
+
 def _scan_text(path: Path, kind: str, quote: str | None) -> pl.LazyFrame:
-    separator = "\t" if kind == "tsv" else ","
-    return pl.scan_csv(path, separator=separator, infer_schema=False, quote_char=quote)
+    return pl.scan_csv(path, separator=_SEPARATORS[kind], infer_schema=False, quote_char=quote)
 
 
 def quote_char(path: Path, kind: str) -> str | None:
@@ -201,7 +211,7 @@ def _quote_char(path: Path, kind: str, size: int, mtime_ns: int) -> str | None:
     except Exception as exc:  # polars raises several error types for malformed files
         if not isinstance(exc, pl.exceptions.ComputeError) or "malformed" not in str(exc):
             return '"'  # another problem (not UTF-8, no data ...): the read reports it
-    if kind == "csv":
+    if kind != "tsv":
         plain = _scan_text(path, kind, None)
         try:
             quoted = plain.select(pl.any_horizontal(pl.all().str.starts_with('"')).any())
@@ -225,7 +235,8 @@ def id_columns(
     Strings named user, playlist, track; a MasrError naming the missing columns, what
     the file has and the ``--*-col`` options to use instead."""
     names = list(schema)
-    missing = [v for v in wanted.values() if v not in names]
+    found = {k: column_named(names, v) for k, v in wanted.items()}
+    missing = [v for k, v in wanted.items() if found[k] is None]
     if missing:
         option = {v: k for k, v in wanted.items()}
         hint = ", ".join(f"--{option[m]}-col" for m in missing)
@@ -237,7 +248,18 @@ def id_columns(
             f"(found: {_found(names)}); name the right one with {hint}"
         )
     dtypes = schema if isinstance(schema, pl.Schema) else {}
-    return [_id_text(pl.col(v), dtypes.get(v)).alias(k) for k, v in wanted.items()]
+    return [_id_text(pl.col(c), dtypes.get(c)).alias(k) for k, c in found.items()]
+
+
+def column_named(names: list[str], name: str) -> str | None:
+    """The column of ``names`` that ``name`` means: itself, else the one column that equals it
+    but for letter case and surrounding spaces (``User_ID``, `` track_id `` as spreadsheets and
+    hand-edited headers write them); None when there is none, or several."""
+    if name in names:
+        return name
+    key = name.strip().casefold()
+    near = [n for n in names if n.strip().casefold() == key]
+    return near[0] if len(near) == 1 else None
 
 
 def _id_text(col: pl.Expr, dtype: pl.DataType | None) -> pl.Expr:
@@ -274,15 +296,22 @@ def read_interactions(
         schema = lf.collect_schema()
         names = schema.names()
         select = id_columns(path, schema, wanted)
-        taken = set(wanted.values())
+        taken = {column_named(names, v) for v in wanted.values()}
         position = _position_column(path, names, columns.position, taken)
         if position is not None:
             select.append(pl.col(position).alias(POSITION))
-        extras = [pl.col(c).cast(pl.String) for c in SONG_EXTRAS if c in names and c not in taken]
+        extras = [
+            pl.col(c).cast(pl.String).alias(e)
+            for e in SONG_EXTRAS
+            if (c := column_named(names, e)) is not None and c not in taken
+        ]
         song_extras = None
         if extras and extras_apart:
             song_extras = (
-                lf.select(pl.col(wanted["track"]).cast(pl.String).alias("track"), *extras)
+                lf.select(
+                    pl.col(column_named(names, wanted["track"])).cast(pl.String).alias("track"),
+                    *extras,
+                )
                 .unique(subset="track", keep="first", maintain_order=True)
                 .collect(engine="streaming")
             )
@@ -331,7 +360,9 @@ def _position_column(
     """The input column that orders a playlist's songs: ``given`` (``--position-col``, then
     required), else ``position`` when the file has one that is not an id column."""
     if given is None:
-        return POSITION if POSITION in names and POSITION not in taken else None
+        found = column_named(names, POSITION)
+        return found if found is not None and found not in taken else None
+    given = column_named(names, given) or given
     if given not in names:
         raise MasrError(
             f"{path}: missing column {given!r} (found: {_found(names)}); name the song-order "
@@ -363,9 +394,11 @@ def _float_order(col: pl.Series) -> pl.Series:
     """Whole finite floats as Int64; otherwise the dense rank (NaN as missing)."""
     col = col.fill_nan(None)
     finite = col.drop_nulls()
-    if finite.is_finite().all() and (finite == finite.floor()).all() and (
-        finite.abs() < 2.0**63
-    ).all():
+    if (
+        finite.is_finite().all()
+        and (finite == finite.floor()).all()
+        and (finite.abs() < 2.0**63).all()
+    ):
         return col.cast(pl.Int64)
     return col.rank("dense").cast(pl.Int64)
 

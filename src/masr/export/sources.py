@@ -71,8 +71,11 @@ def resolve_sources(runs_dir: str | Path, kind: str | None) -> tuple[str, list[S
             if fused.is_file():
                 return candidate, [Source("fusion", fusion_run, fused)]
     what = kind or "AMASR or MASR"
+    have = sorted(p.parent.name for p in map(Path, dict.fromkeys(looked)) if p.is_file())
+    found = f"; it has {', '.join(have)} only" if have else ""
     raise MasrError(
-        f"--runs {runs_dir}: no trained {what} (looked for {', '.join(looked)}); "
+        f"--runs {runs_dir}: no trained {what}: the export needs an MDR and a MASS part, or "
+        f"the fusion run (looked for {', '.join(dict.fromkeys(looked))}){found}; "
         f"train it first: masr train --model {kind or 'amasr'}"
     )
 
