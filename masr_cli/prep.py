@@ -19,8 +19,9 @@ def command(
     input: Annotated[
         Path | None,
         typer.Argument(
-            help="Playlist file: CSV (comma, semicolon or pipe), TSV or Parquet, optionally gzipped, one row per "
-            "(user, playlist, track). Leave out to use the embedded synthetic dataset.",
+            help="Playlist file: CSV (comma, semicolon or pipe), TSV or Parquet, optionally "
+            "gzipped, one row per (user, playlist, track). Leave out to use the embedded "
+            "synthetic dataset.",
             show_default=False,
         ),
     ] = None,

@@ -22,7 +22,8 @@ def command(
         Path,
         typer.Argument(
             help="Playlists to continue, in the `masr prep` input format: one row per member "
-            "song with user, playlist and track ids (CSV (comma, semicolon or pipe), TSV or Parquet, optionally gzipped). "
+            "song with user, playlist and track ids (CSV with commas, semicolons or pipes, "
+            "TSV or Parquet, optionally gzipped). "
             "Ids are the original strings; playlists and users may be new.",
             show_default=False,
         ),
