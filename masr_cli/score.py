@@ -23,7 +23,7 @@ def command(
         typer.Argument(
             help="Playlists to continue, in the `masr prep` input format: one row per member "
             "song with user, playlist and track ids (CSV with commas, semicolons or pipes, "
-            "TSV or Parquet, optionally gzipped). "
+            "TSV or Parquet, optionally gzipped; - reads standard input). "
             "Ids are the original strings; playlists and users may be new.",
             show_default=False,
         ),
@@ -147,5 +147,32 @@ def command(
     config = replace(config, columns=columns)
     if out is not None and str(out) == "-":  # as --json - elsewhere: stdout
         out = None
-    summary = score_file(input, model, out, config, log=log_line)
+    if str(input) == "-":
+        summary = _score_stdin(model, out, config)
+    else:
+        summary = score_file(input, model, out, config, log=log_line)
     console.print(summary.line(), highlight=False, soft_wrap=True)
+
+
+def _score_stdin(model: Path, out: Path | None, config):  # -> masr.score.ScoreSummary
+    """INPUT `-`: standard input spooled to a private temporary file (the reader needs a file
+    it can scan twice and tell the format of: CSV, TSV, Parquet, gzipped or not), removed after."""
+    import shutil
+    import sys
+    import tempfile
+
+    from masr.errors import MasrError
+    from masr.score import score_file
+
+    if config.engine != "local":
+        raise MasrError("INPUT -: standard input is read here; --engine ray needs a file")
+    if sys.stdin.isatty():
+        raise MasrError("INPUT -: standard input is a terminal; pipe a file in: masr score - < F")
+    with tempfile.TemporaryDirectory(prefix="masr-stdin-") as tmp:
+        path = Path(tmp) / "stdin"
+        with open(path, "wb") as fh:
+            shutil.copyfileobj(sys.stdin.buffer, fh, 1 << 20)
+        try:
+            return score_file(path, model, out, config, log=log_line)
+        except MasrError as exc:  # name the input as the user gave it, not the spool file
+            raise MasrError(str(exc).replace(str(path), "standard input")) from None

@@ -3,6 +3,7 @@ lines, and a subprocess in which torch cannot be imported at all."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -106,6 +107,23 @@ def test_score_writes_csv_on_stdout_and_the_summary_on_stderr(tmp_path: Path, mo
     summary = [line for line in result.stderr.splitlines() if line.startswith("scored")]
     assert len(summary) == 1 and "1 row with unknown songs ignored" in summary[0]
     assert "ONNX Runtime on CPU" in result.stderr
+
+
+def test_score_reads_standard_input_as_a_file(tmp_path: Path, model: Path) -> None:
+    """INPUT `-`: the same CSV as from the file, plain or gzipped; an empty stream is one
+    error line naming standard input (not the spool file)."""
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    args = ["score", "-", "--model", str(model), "--k", "3"]
+    from_file = runner.invoke(app, ["score", str(src), "--model", str(model), "--k", "3"])
+    for data in (ROWS.encode(), gzip.compress(ROWS.encode())):
+        piped = runner.invoke(app, args, input=data)
+        assert piped.exit_code == 0, piped.stderr
+        assert piped.stdout == from_file.stdout
+    empty = runner.invoke(app, args, input=b"")
+    assert empty.exit_code == 1 and "standard input: empty file" in empty.stderr
+    ray = runner.invoke(app, [*args, "--engine", "ray"], input=ROWS.encode())
+    assert ray.exit_code == 1 and "--engine ray needs a file" in ray.stderr
 
 
 def test_score_out_file_and_defaults_from_the_working_directory(

@@ -141,6 +141,14 @@ def test_semicolon_csv_keeps_its_quoting_and_commas(tmp_path):
     assert raw.frame.select("user", "track").rows() == [("a;1", "x, y"), ("a", 'say "hi"')]
 
 
+def test_a_ragged_row_is_named_in_the_files_terms(tmp_path):
+    path = tmp_path / "ragged.csv"
+    path.write_text("user_id,playlist_id,track_id\nu,p,t\nu,p,Song, with comma\n")
+    with pytest.raises(MasrError, match="more fields than the header") as info:
+        read_interactions(path)
+    assert "truncate_ragged_lines" not in str(info.value)
+
+
 def test_column_names_match_whatever_their_case_and_spaces(tmp_path):
     """Spreadsheet and hand-edited headers (``User_ID``, `` track_id ``) name the columns
     masr wants; exact names win, and two columns equal but for case are not guessed between."""

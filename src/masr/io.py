@@ -111,9 +111,19 @@ def detect_format(path: Path, head: bytes) -> tuple[str, bool]:
     return "csv", gz
 
 
+#: Polars' wording of input problems, in the terms of a playlist file (no reader options)
+_PLAIN_WORDS = {
+    "found more fields than defined in 'Schema' Consider setting 'truncate_ragged_lines=True'.": (
+        "a row has more fields than the header: a separator inside a field that is not quoted?"
+    ),
+}
+
+
 def one_line(exc: BaseException) -> str:
     """An exception's text on one line, at most ~200 characters (for one-line MasrErrors)."""
     text = " ".join(str(exc).split())
+    for polars_words, plain in _PLAIN_WORDS.items():
+        text = text.replace(polars_words, plain)
     return (text[:200] + "...") if len(text) > 200 else (text or type(exc).__name__)
 
 
