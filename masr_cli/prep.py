@@ -20,8 +20,8 @@ def command(
         Path | None,
         typer.Argument(
             help="Playlist file: CSV (comma, semicolon or pipe), TSV or Parquet, optionally "
-            "gzipped, one row per (user, playlist, track). Leave out to use the embedded "
-            "synthetic dataset.",
+            "gzipped, or a directory of Parquet parts; one row per (user, playlist, track). "
+            "Leave out to use the embedded synthetic dataset.",
             show_default=False,
         ),
     ] = None,

@@ -141,6 +141,36 @@ def test_semicolon_csv_keeps_its_quoting_and_commas(tmp_path):
     assert raw.frame.select("user", "track").rows() == [("a;1", "x, y"), ("a", 'say "hi"')]
 
 
+def test_a_directory_of_parquet_parts_reads_as_one_table(tmp_path):
+    """Spark's layout: part files (also in key=value partition folders, whose key becomes a
+    column), beside bookkeeping files that are not parts."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    _frame().slice(0, 2).write_parquet(flat / "part-00000.parquet")
+    _frame().slice(2, 1).write_parquet(flat / "part-00001.parquet")
+    (flat / "_SUCCESS").write_text("")
+    (flat / ".part-00000.parquet.crc").write_bytes(b"\0junk")
+    raw = read_interactions(flat)
+    assert raw.format == "parquet" and raw.frame.select("user", "playlist", "track").rows() == ROWS
+    assert raw.checksum and read_interactions(flat).checksum == raw.checksum
+    _frame().slice(2, 1).write_parquet(flat / "part-00001.parquet", compression="uncompressed")
+    assert read_interactions(flat).checksum != raw.checksum  # the parts' bytes count
+    hive = tmp_path / "hive"
+    for user in ("u1", "u2"):
+        (hive / f"user_id={user}").mkdir(parents=True)
+        _frame().filter(pl.col("user_id") == user).drop("user_id").write_parquet(
+            hive / f"user_id={user}" / "part-0.parquet"
+        )
+    got = read_interactions(hive).frame.select("user", "playlist", "track")
+    got = got.sort("playlist", "track")
+    assert got.rows() == sorted(ROWS, key=lambda r: (r[1], r[2]))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "_SUCCESS").write_text("")
+    with pytest.raises(MasrError, match="is a directory without Parquet parts"):
+        read_interactions(empty)
+
+
 def test_a_ragged_row_is_named_in_the_files_terms(tmp_path):
     path = tmp_path / "ragged.csv"
     path.write_text("user_id,playlist_id,track_id\nu,p,t\nu,p,Song, with comma\n")

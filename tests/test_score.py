@@ -167,6 +167,19 @@ def test_semicolon_csv_with_a_spreadsheet_header_scores_as_the_plain_csv(
     assert read_out(tmp_path / "o.csv").height == 6
 
 
+def test_a_directory_of_parquet_parts_scores_as_the_csv(tmp_path: Path, exported: Path) -> None:
+    rows = [("u0", "p0", "s1"), ("u0", "p0", "s2"), ("u1", "p1", "s5"), ("u1", "p2", "s7")]
+    frame = pl.DataFrame(rows, schema=["user_id", "playlist_id", "track_id"], orient="row")
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    frame.slice(0, 3).write_parquet(parts / "part-00000.parquet")
+    frame.slice(3, 1).write_parquet(parts / "part-00001.parquet")
+    (parts / "_SUCCESS").write_text("")
+    score_file(parts, exported, tmp_path / "o.csv", ScoreConfig(k=3, read_rows=2))
+    score_file(write_csv(tmp_path / "in.csv", rows), exported, tmp_path / "p.csv", ScoreConfig(k=3))
+    assert (tmp_path / "o.csv").read_text() == (tmp_path / "p.csv").read_text()
+
+
 def test_plain_double_quotes_in_a_tsv_are_text(tmp_path: Path, exported: Path) -> None:
     """A TSV whose quotes are plain text inside fields (an unmatched one per line, which a
     quote-aware parse rejects as malformed) scores like the same file without them."""

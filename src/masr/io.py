@@ -139,6 +139,18 @@ class _Sha256Thread(threading.Thread):
         self.gzip_error: str | None = None
 
     def run(self) -> None:
+        if self.path.is_dir():  # Parquet parts: their names and bytes, in name order
+            h = hashlib.sha256()
+            try:
+                for part in parquet_parts(self.path):
+                    h.update(part.relative_to(self.path).as_posix().encode() + b"\0")
+                    with open(part, "rb") as fh:
+                        while chunk := fh.read(1 << 22):
+                            h.update(chunk)
+                self.digest = h.hexdigest()
+            except OSError:  # reported by the reader too
+                pass
+            return
         h = hashlib.sha256()
         inflate = zlib.decompressobj(wbits=31) if self.gz else None
         try:
@@ -162,12 +174,32 @@ class _Sha256Thread(threading.Thread):
             pass
 
 
+def parquet_parts(path: Path) -> list[Path]:
+    """The Parquet files of a table written as a directory of parts (Spark, Hive, Dask, Polars:
+    ``part-00000-….parquet``, also in ``key=value`` partition folders), in name order; the
+    bookkeeping files those tools leave beside them (``_SUCCESS``, ``.crc``, ``_metadata``)
+    are not parts."""
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.suffix.lower() in (".parquet", ".pq")
+        and p.is_file()
+        and not any(n.startswith(("_", ".")) for n in p.relative_to(path).parts)
+    )
+
+
 def check_file(path: Path) -> bytes:
-    """Fail with one line when ``path`` is not a readable, non-empty file; return its head."""
+    """Fail with one line when ``path`` is not a readable, non-empty file (or a directory of
+    Parquet parts); return its head (a directory: the Parquet magic bytes)."""
     if not path.exists():
         raise MasrError(f"{path}: no such file")
     if path.is_dir():
-        raise MasrError(f"{path}: is a directory, expected a CSV, TSV or Parquet file")
+        if not parquet_parts(path):
+            raise MasrError(
+                f"{path}: is a directory without Parquet parts (*.parquet); give a CSV, TSV or "
+                "Parquet file, or a directory of Parquet parts as Spark writes them"
+            )
+        return _PARQUET_MAGIC
     try:
         with open(path, "rb") as fh:
             head = fh.read(4096)
@@ -185,6 +217,8 @@ def scan(path: Path, kind: str, gz: bool) -> pl.LazyFrame:
     if kind == "parquet":
         if gz:
             raise MasrError(f"{path}: gzipped Parquet is not supported; decompress it first")
+        if path.is_dir():  # key=value folders become columns, as the writer meant them
+            return pl.scan_parquet(parquet_parts(path), hive_partitioning=True)
         return pl.scan_parquet(path)
     return _scan_text(path, kind, quote_char(path, kind))
 
