@@ -179,6 +179,15 @@ def test_a_ragged_row_is_named_in_the_files_terms(tmp_path):
     assert "truncate_ragged_lines" not in str(info.value)
 
 
+def test_spaces_around_ids_are_not_part_of_them(tmp_path):
+    path = tmp_path / "hand.csv"
+    path.write_text("user_id, playlist_id, track_id\nu1, p1, t1\nu1 ,p1,\tt2 \nu1,p1, two words \n")
+    raw = read_interactions(path)
+    assert raw.frame.select("user", "playlist", "track").rows() == [
+        ("u1", "p1", "t1"), ("u1", "p1", "t2"), ("u1", "p1", "two words")
+    ]
+
+
 def test_column_names_match_whatever_their_case_and_spaces(tmp_path):
     """Spreadsheet and hand-edited headers (``User_ID``, `` track_id ``) name the columns
     masr wants; exact names win, and two columns equal but for case are not guessed between."""

@@ -307,10 +307,13 @@ def column_named(names: list[str], name: str) -> str | None:
 
 
 def _id_text(col: pl.Expr, dtype: pl.DataType | None) -> pl.Expr:
-    """An id column as String; a float column's whole numbers without their ".0" (ids written
-    as floats, e.g. by pandas with missing values, are the integers they hold)."""
+    """An id column as String, without the spaces and tabs around it (``u1, p1, t1`` as hand-
+    written files have it names the ids of ``u1,p1,t1``); a float column's whole numbers
+    without their ".0" (ids written as floats, e.g. by pandas with missing values, are the
+    integers they hold)."""
     if dtype is None or not dtype.is_float():
-        return col.cast(pl.String)
+        text = col.cast(pl.String)
+        return text if dtype is not None and dtype.is_integer() else text.str.strip_chars(" \t")
     whole = col.is_finite() & (col == col.floor()) & (col.abs() < 2.0**63)
     return (
         pl.when(whole)
