@@ -125,18 +125,27 @@ def test_chunked_reading_gives_the_same_output(tmp_path: Path, exported: Path) -
     assert whole.read_text() == chunked.read_text()
 
 
-def test_playlists_may_be_unordered_within_a_read_chunk_but_not_across(
+def test_playlists_scattered_across_read_chunks_are_regrouped(
     tmp_path: Path, exported: Path
 ) -> None:
-    rows = [("u0", "p0", "s1"), ("u1", "p1", "s5"), ("u0", "p0", "s2"), ("u1", "p1", "s6")]
+    """Rows in no particular order (a database export): within one read chunk as they come;
+    across chunks the input is regrouped in memory, playlists in the order of their first row,
+    with the same recommendations as the grouped file and a note in the summary line."""
+    rows = [("u0", "p0", "s1"), ("u1", "p1", "s5"), ("u0", "p0", "s2"), ("u1", "p1", "s6"),
+            ("u2", "p2", "s9"), ("u0", "p0", "s3")]
     src = write_csv(tmp_path / "in.csv", rows)
-    summary = score_file(src, exported, tmp_path / "ok.csv", ScoreConfig(k=2))
-    assert summary.playlists == 2
-    out = tmp_path / "bad.csv"
-    with pytest.raises(MasrError, match="playlist 'p0' are not adjacent"):
-        score_file(src, exported, out, ScoreConfig(k=2, read_rows=1))
-    assert not out.exists()  # no partial --out
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    one = score_file(src, exported, tmp_path / "one.csv", ScoreConfig(k=2))
+    assert one.playlists == 3 and not one.regrouped
+    scattered = score_file(src, exported, tmp_path / "chunks.csv", ScoreConfig(k=2, read_rows=2))
+    assert scattered.playlists == 3 and scattered.regrouped
+    assert "regrouped by playlist in memory" in scattered.line()
+    lines = sorted((tmp_path / "one.csv").read_text().splitlines())
+    assert sorted((tmp_path / "chunks.csv").read_text().splitlines()) == lines
+    grouped = write_csv(tmp_path / "grouped.csv", sorted(rows, key=lambda r: r[1]))
+    adjacent = score_file(grouped, exported, tmp_path / "g.csv", ScoreConfig(k=2, read_rows=2))
+    assert not adjacent.regrouped  # streamed
+    # p0, p1, p2: the order of their first rows, as the regrouped input has them
+    assert (tmp_path / "g.csv").read_text() == (tmp_path / "chunks.csv").read_text()
 
 
 @pytest.mark.parametrize("kind", ["tsv", "csv.gz", "parquet"])

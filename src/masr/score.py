@@ -9,8 +9,9 @@ ONNX graph and writes, for each playlist in input order, K rows
 better). Member songs are never recommended (the graph excludes them).
 
 Streaming: memory holds the model, one read chunk and the batches in flight, whatever the input
-size. A playlist's rows must be adjacent when the input is larger than one read chunk
-(``read_rows``); smaller inputs may be in any order.
+size, when each playlist's rows are adjacent (as a file sorted or grouped by playlist has them)
+or the input is one read chunk (``read_rows``). An input larger than that whose playlists'
+rows are scattered is regrouped in memory first (said in the summary line).
 
 Counted and reported in the summary: member rows whose track is not in the catalog (ignored),
 duplicate member rows (ignored), new playlists and users (folded in), and playlists with no
@@ -31,7 +32,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -73,6 +74,7 @@ class ScoreSummary:
     duplicate_rows: int = 0  # repeated (playlist, track) rows (ignored)
     fallback_playlists: int = 0  # no usable member: user term, then song popularity
     short_playlists: int = 0  # fewer than K songs left to recommend
+    regrouped: bool = False  # playlists' rows not adjacent: the input regrouped in memory
     provider: str = "cpu"
     actors: int = 0  # Ray actors that scored (the ray engine); 0: this process (local)
     seconds: float = 0.0
@@ -95,6 +97,8 @@ class ScoreSummary:
         )
         if self.short_playlists:
             parts.append(f"{_n(self.short_playlists, 'playlist')} with fewer than K songs left")
+        if self.regrouped:
+            parts.append("rows regrouped by playlist in memory (not adjacent in the input)")
         return " · ".join(parts)
 
 
@@ -363,15 +367,68 @@ def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
     return lf
 
 
-def _playlist_chunks(path: Path, columns: Columns, read_rows: int) -> Iterator[pl.DataFrame]:
+def _playlist_chunks(
+    path: Path, columns: Columns, read_rows: int, summary: ScoreSummary | None = None
+) -> Iterator[pl.DataFrame]:
     """Chunks of input rows that hold complete playlists (the last playlist of a read chunk
-    waits for the next one). A playlist met again after it was scored is an error."""
+    waits for the next one), streamed when each playlist's rows are adjacent (or the input is
+    one read chunk). Otherwise (a database export in no particular order) the input is read
+    whole and regrouped in memory, playlists in the order of their first row, which
+    ``summary.regrouped`` records."""
     lf = _scan(path, columns)
+    if _adjacent(lf, path, read_rows):
+        batches: Iterable[pl.DataFrame] = lf.collect_batches(chunk_size=read_rows)
+    else:
+        if summary is not None:
+            summary.regrouped = True
+        batches = _regrouped(lf, path, read_rows)
+    return _complete_playlists(batches, path)
+
+
+def _adjacent(lf: pl.LazyFrame, path: Path, read_rows: int) -> bool:
+    """Whether every playlist's rows are adjacent across read chunks (one pass over the
+    playlist column; an input of one chunk always is)."""
+    done = np.empty(0, dtype=np.uint64)
+    last = None
+    try:
+        for frame in lf.select("playlist").collect_batches(chunk_size=read_rows):
+            if frame.height == 0:
+                continue
+            ids = frame["playlist"]
+            first, tail = ids[0], ids[-1]
+            if last is not None and first == last:
+                ids = ids.filter(ids != last)  # the previous chunk's last playlist goes on
+            hashes = ids.unique().hash(seed=0).to_numpy()
+            if np.isin(hashes, done).any():
+                return False
+            done = np.union1d(done, hashes)
+            last = tail
+    except Exception:  # polars raises several error types for malformed files
+        return True  # the read itself reports what is wrong
+    return True
+
+
+def _regrouped(lf: pl.LazyFrame, path: Path, read_rows: int) -> Iterator[pl.DataFrame]:
+    """The whole input with each playlist's rows together, playlists in the order of their
+    first row, rows in input order within a playlist, in slices of ``read_rows``."""
+    try:
+        frame = lf.collect()
+    except Exception as exc:  # polars raises several error types for malformed files
+        raise MasrError(f"{path}: unreadable or malformed file ({one_line(exc)})") from None
+    frame = frame.with_row_index("_row")
+    first = pl.col("_row").min().over("playlist").alias("_first")
+    frame = frame.with_columns(first).sort("_first", maintain_order=True).drop("_row", "_first")
+    for start in range(0, frame.height, read_rows):
+        yield frame.slice(start, read_rows)
+
+
+def _complete_playlists(batches: Iterable[pl.DataFrame], path: Path) -> Iterator[pl.DataFrame]:
+    """``_playlist_chunks``' frames cut at playlist boundaries. A playlist met again after it
+    was scored is an error (not expected after ``_adjacent``: a file changed while read)."""
     carry: pl.DataFrame | None = None
     done = np.empty(0, dtype=np.uint64)  # hashes of the playlists already scored
     any_rows = False
     try:
-        batches = lf.collect_batches(chunk_size=read_rows)
         for frame in batches:
             if frame.height == 0:
                 continue
@@ -718,7 +775,7 @@ def _write_all(
     """Read, score and write chunk by chunk."""
     k = min(config.k, model.n_songs)
     fh.write(HEADER)
-    for frame in _playlist_chunks(input, config.columns, config.read_rows):
+    for frame in _playlist_chunks(input, config.columns, config.read_rows, summary):
         prepared = _prepare(frame, model, summary)
         songs, scores = model.recommend(prepared.users, prepared.playlists, prepared.members, k)
         # fewer than the --k asked for (k itself is at most the catalog)
