@@ -171,6 +171,28 @@ def test_a_directory_of_parquet_parts_reads_as_one_table(tmp_path):
         read_interactions(empty)
 
 
+def test_a_list_column_of_tracks_is_one_row_per_song(tmp_path):
+    """One row per playlist with its songs as a list (and positions as a list beside them)."""
+    path = tmp_path / "lists.parquet"
+    pl.DataFrame(
+        {
+            "user_id": ["u1", "u2"],
+            "playlist_id": ["p1", "p2"],
+            "track_id": [["t1", "t2"], ["t1"]],
+            "position": [[1, 0], [0]],
+        }
+    ).write_parquet(path)
+    raw = read_interactions(path)
+    assert raw.frame.select("user", "playlist", "track").rows() == ROWS
+    assert raw.frame["position"].to_list() == [1, 0, 0]
+    bad = tmp_path / "bad.parquet"
+    pl.DataFrame({"user_id": [["u1"]], "playlist_id": ["p1"], "track_id": ["t1"]}).write_parquet(
+        bad
+    )
+    with pytest.raises(MasrError, match="'user_id' holds lists"):
+        read_interactions(bad)
+
+
 def test_a_ragged_row_is_named_in_the_files_terms(tmp_path):
     path = tmp_path / "ragged.csv"
     path.write_text("user_id,playlist_id,track_id\nu,p,t\nu,p,Song, with comma\n")

@@ -189,6 +189,19 @@ def test_a_directory_of_parquet_parts_scores_as_the_csv(tmp_path: Path, exported
     assert (tmp_path / "o.csv").read_text() == (tmp_path / "p.csv").read_text()
 
 
+def test_a_list_column_of_tracks_scores_as_one_row_per_song(
+    tmp_path: Path, exported: Path
+) -> None:
+    rows = [("u0", "p0", "s1"), ("u0", "p0", "s2"), ("u1", "p1", "s5")]
+    lists = pl.DataFrame(
+        {"user_id": ["u0", "u1"], "playlist_id": ["p0", "p1"], "track_id": [["s1", "s2"], ["s5"]]}
+    )
+    lists.write_parquet(tmp_path / "lists.parquet")
+    score_file(tmp_path / "lists.parquet", exported, tmp_path / "o.csv", ScoreConfig(k=3))
+    score_file(write_csv(tmp_path / "in.csv", rows), exported, tmp_path / "p.csv", ScoreConfig(k=3))
+    assert (tmp_path / "o.csv").read_text() == (tmp_path / "p.csv").read_text()
+
+
 def test_plain_double_quotes_in_a_tsv_are_text(tmp_path: Path, exported: Path) -> None:
     """A TSV whose quotes are plain text inside fields (an unmatched one per line, which a
     quote-aware parse rejects as malformed) scores like the same file without them."""

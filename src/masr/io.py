@@ -295,6 +295,31 @@ def id_columns(
     return [_id_text(pl.col(c), dtypes.get(c)).alias(k) for k, c in found.items()]
 
 
+def one_row_per_song(
+    lf: pl.LazyFrame, schema: pl.Schema, path: str | Path, wanted: dict[str, str]
+) -> tuple[pl.LazyFrame, pl.Schema]:
+    """A Parquet table with one row per playlist and its songs in a list column (the track
+    column a List or Array) as one row per song, in list order, with any other list column of
+    the same lengths (e.g. positions) unnested beside it; the frame and its new schema. A list
+    of users or playlists is a MasrError."""
+    names = schema.names()
+    found = {k: column_named(names, v) for k, v in wanted.items()}
+    lists = [n for n in names if isinstance(schema[n], (pl.List, pl.Array))]
+    if found.get("track") not in lists:
+        for key in ("user", "playlist"):
+            if found.get(key) in lists:
+                raise MasrError(
+                    f"{path}: column {found[key]!r} holds lists; masr reads one {key} per row "
+                    "(a list column is read for the tracks only)"
+                )
+        return lf, schema
+    others = [n for n in lists if n not in (found.get("user"), found.get("playlist"))]
+    if any(found.get(k) in lists for k in ("user", "playlist")):
+        raise MasrError(f"{path}: the user and playlist columns must hold one id per row")
+    lf = lf.explode(others)
+    return lf, lf.collect_schema()
+
+
 def column_named(names: list[str], name: str) -> str | None:
     """The column of ``names`` that ``name`` means: itself, else the one column that equals it
     but for letter case and surrounding spaces (``User_ID``, `` track_id `` as spreadsheets and
@@ -340,7 +365,7 @@ def read_interactions(
     wanted = columns.as_dict()
     try:
         lf = scan(path, kind, gz)
-        schema = lf.collect_schema()
+        lf, schema = one_row_per_song(lf, lf.collect_schema(), path, wanted)
         names = schema.names()
         select = id_columns(path, schema, wanted)
         taken = {column_named(names, v) for v in wanted.values()}

@@ -44,7 +44,15 @@ import polars as pl
 from masr.atomic import atomic_file, check_replaceable_dir
 from masr.config import ScoreConfig
 from masr.errors import MasrError
-from masr.io import Columns, check_file, detect_format, id_columns, one_line, scan
+from masr.io import (
+    Columns,
+    check_file,
+    detect_format,
+    id_columns,
+    one_line,
+    one_row_per_song,
+    scan,
+)
 from masr.onnx_format import (
     FORMAT,
     ID_MAP_SIZES,
@@ -357,6 +365,7 @@ def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
         raise MasrError(f"{path}: empty file (no header or data)") from None
     except Exception as exc:
         raise MasrError(f"{path}: unreadable file ({one_line(exc)})") from None
+    lf, schema = one_row_per_song(lf, schema, path, columns.as_dict())
     lf = lf.select(id_columns(path, schema, columns.as_dict()))
     try:
         empty = lf.head(1).collect().height == 0
