@@ -20,7 +20,8 @@ def command(
         Path | None,
         typer.Argument(
             help="Playlist file: CSV (comma, semicolon or pipe), TSV or Parquet, optionally "
-            "gzipped, or a directory of Parquet parts; one row per (user, playlist, track). "
+            "gzipped, or a directory of Parquet parts; one row per (user, playlist, track); "
+            "or the Million Playlist Dataset's JSON slices (a slice or its folder). "
             "Leave out to use the embedded synthetic dataset.",
             show_default=False,
         ),

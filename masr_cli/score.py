@@ -23,8 +23,8 @@ def command(
         typer.Argument(
             help="Playlists to continue, in the `masr prep` input format: one row per member "
             "song with user, playlist and track ids (CSV with commas, semicolons or pipes, "
-            "TSV or Parquet, optionally gzipped, or a directory of Parquet parts; - reads "
-            "standard input). "
+            "TSV or Parquet, optionally gzipped, or a directory of Parquet parts; MPD JSON "
+            "slices, e.g. its challenge set; - reads standard input). "
             "Ids are the original strings; playlists and users may be new.",
             show_default=False,
         ),

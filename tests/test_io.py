@@ -193,6 +193,60 @@ def test_a_list_column_of_tracks_is_one_row_per_song(tmp_path):
         read_interactions(bad)
 
 
+def _mpd_slice(pids, songs_per=3, empty=()):
+    """A Million Playlist Dataset slice: playlists with their tracks (pos, track_uri, ...)."""
+    return {
+        "info": {"slice": "0-1", "version": "v1"},
+        "playlists": [
+            {
+                "name": f"list {pid}",
+                "pid": pid,
+                "num_tracks": songs_per,
+                "tracks": []
+                if pid in empty
+                else [
+                    {"pos": j, "track_uri": f"spotify:track:{pid + j}", "track_name": f"s{j}",
+                     "artist_name": "a", "duration_ms": 1}
+                    for j in range(songs_per)
+                ],
+            }
+            for pid in pids
+        ],
+    }
+
+
+def test_million_playlist_dataset_json(tmp_path):
+    """MPD's slices (a file, gzipped or not, or its data/ folder of them) read as one row per
+    song: the pid as playlist and as user (MPD has none), track_uri as track, pos as position,
+    the tracks' names kept; playlists without tracks have no rows."""
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "mpd.slice.0-1.json").write_text(json.dumps(_mpd_slice([0, 1], empty=(1,))))
+    (data / "mpd.slice.2-3.json.gz").write_bytes(
+        gzip.compress(json.dumps(_mpd_slice([2, 3], songs_per=2), indent=1).encode())
+    )
+    raw = read_interactions(data, extras_apart=True)
+    assert raw.format == "json" and raw.rows == 3 + 2 + 2
+    f = raw.frame
+    assert f["user"].to_list() == f["playlist"].to_list() == ["0"] * 3 + ["2"] * 2 + ["3"] * 2
+    assert f["track"].to_list()[:4] == [f"spotify:track:{i}" for i in (0, 1, 2, 2)]
+    assert f["position"].to_list() == [0, 1, 2, 0, 1, 0, 1]
+    assert raw.song_extras is not None and "track_name" in raw.song_extras.columns
+    assert read_interactions(data).checksum == raw.checksum
+    one = read_interactions(data / "mpd.slice.2-3.json.gz")
+    assert one.format == "json+gzip" and one.rows == 4
+    other = tmp_path / "other.json"
+    other.write_text('{"rows": [1, 2]}')
+    with pytest.raises(MasrError, match="Million Playlist Dataset's layout"):
+        read_interactions(other)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"playlists": [')
+    with pytest.raises(MasrError, match="unreadable JSON"):
+        read_interactions(broken)
+
+
 def test_a_ragged_row_is_named_in_the_files_terms(tmp_path):
     path = tmp_path / "ragged.csv"
     path.write_text("user_id,playlist_id,track_id\nu,p,t\nu,p,Song, with comma\n")

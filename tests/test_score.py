@@ -202,6 +202,27 @@ def test_a_list_column_of_tracks_scores_as_one_row_per_song(
     assert (tmp_path / "o.csv").read_text() == (tmp_path / "p.csv").read_text()
 
 
+def test_mpd_json_challenge_playlists_without_tracks_are_continued_too(
+    tmp_path: Path, exported: Path
+) -> None:
+    """The MPD challenge set's layout: title-only playlists (no tracks) get recommendations
+    (popularity), in the file's order of playlists, and are not counted as unknown songs."""
+    import json
+
+    playlists = [
+        {"pid": 7, "tracks": [{"pos": 0, "track_uri": "s1"}, {"pos": 1, "track_uri": "s2"}]},
+        {"pid": 8, "tracks": []},
+        {"pid": 9, "tracks": [{"pos": 0, "track_uri": "s5"}]},
+    ]
+    path = tmp_path / "challenge_set.json"
+    path.write_text(json.dumps({"date": "x", "playlists": playlists}))
+    summary = score_file(path, exported, tmp_path / "o.csv", ScoreConfig(k=3))
+    recs = read_out(tmp_path / "o.csv")
+    assert recs["playlist_id"].unique(maintain_order=True).to_list() == ["7", "8", "9"]
+    assert summary.playlists == 3 and summary.fallback_playlists == 1
+    assert summary.unknown_song_rows == 0 and recs.height == 9
+
+
 def test_plain_double_quotes_in_a_tsv_are_text(tmp_path: Path, exported: Path) -> None:
     """A TSV whose quotes are plain text inside fields (an unmatched one per line, which a
     quote-aware parse rejects as malformed) scores like the same file without them."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import threading
 import zlib
 from dataclasses import dataclass
@@ -74,11 +75,16 @@ class RawInput:
 
 def detect_format(path: Path, head: bytes) -> tuple[str, bool]:
     """(kind, gzipped) from the file's first bytes, then its name: kind is csv, tsv,
-    csv-semicolon, csv-pipe (``_SEPARATORS``) or parquet."""
+    csv-semicolon, csv-pipe (``_SEPARATORS``), parquet (a file or a directory of parts) or json
+    (the Million Playlist Dataset's slices: a file or a directory of them, ``mpd_json``)."""
+    if path.is_dir():
+        return ("parquet" if parquet_parts(path) else "json"), False
     gz = head.startswith(_GZIP_MAGIC)
     if head.startswith(_PARQUET_MAGIC):
         return "parquet", False
     text = _text_head(head, gz)
+    if text.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
+        return "json", gz
     for magic, name in _OTHER_MAGIC.items():
         if text.startswith(magic):
             raise MasrError(
@@ -139,10 +145,10 @@ class _Sha256Thread(threading.Thread):
         self.gzip_error: str | None = None
 
     def run(self) -> None:
-        if self.path.is_dir():  # Parquet parts: their names and bytes, in name order
+        if self.path.is_dir():  # the parts: their names and bytes, in name order
             h = hashlib.sha256()
             try:
-                for part in parquet_parts(self.path):
+                for part in input_parts(self.path):
                     h.update(part.relative_to(self.path).as_posix().encode() + b"\0")
                     with open(part, "rb") as fh:
                         while chunk := fh.read(1 << 22):
@@ -174,6 +180,23 @@ class _Sha256Thread(threading.Thread):
             pass
 
 
+def json_parts(path: Path) -> list[Path]:
+    """The JSON files of a directory (the Million Playlist Dataset's ``data/`` folder of
+    ``mpd.slice.*.json``), plain or gzipped, in name order."""
+    return sorted(
+        p
+        for p in path.iterdir()
+        if p.is_file() and p.name.lower().endswith((".json", ".json.gz")) and p.name[0] not in "._"
+    )
+
+
+def input_parts(path: Path) -> list[Path]:
+    """The files an input is read from: itself, or a directory's parts."""
+    if not path.is_dir():
+        return [path]
+    return parquet_parts(path) or json_parts(path)
+
+
 def parquet_parts(path: Path) -> list[Path]:
     """The Parquet files of a table written as a directory of parts (Spark, Hive, Dask, Polars:
     ``part-00000-….parquet``, also in ``key=value`` partition folders), in name order; the
@@ -194,10 +217,11 @@ def check_file(path: Path) -> bytes:
     if not path.exists():
         raise MasrError(f"{path}: no such file")
     if path.is_dir():
-        if not parquet_parts(path):
+        if not parquet_parts(path) and not json_parts(path):
             raise MasrError(
-                f"{path}: is a directory without Parquet parts (*.parquet); give a CSV, TSV or "
-                "Parquet file, or a directory of Parquet parts as Spark writes them"
+                f"{path}: is a directory without Parquet parts (*.parquet) or Million Playlist "
+                "Dataset slices (*.json); give a CSV, TSV or Parquet file, or a directory of "
+                "Parquet parts as Spark writes them"
             )
         return _PARQUET_MAGIC
     try:
@@ -210,10 +234,12 @@ def check_file(path: Path) -> bytes:
     return head
 
 
-def scan(path: Path, kind: str, gz: bool) -> pl.LazyFrame:
+def scan(path: Path, kind: str, gz: bool, *, empty_playlists: bool = False) -> pl.LazyFrame:
     """A lazy frame over an interaction file of the ``detect_format`` kind; CSV/TSV columns are
     all read as String, so ids stay exactly as written (``masr prep`` and ``masr score``), with
     the quoting ``quote_char`` finds."""
+    if kind == "json":
+        return mpd_json(path, empty_playlists=empty_playlists)
     if kind == "parquet":
         if gz:
             raise MasrError(f"{path}: gzipped Parquet is not supported; decompress it first")
@@ -225,6 +251,59 @@ def scan(path: Path, kind: str, gz: bool) -> pl.LazyFrame:
 
 #: the field separator of each text kind ``detect_format`` tells apart
 _SEPARATORS = {"csv": ",", "tsv": "\t", "csv-semicolon": ";", "csv-pipe": "|"}
+
+
+def mpd_json(path: Path, *, empty_playlists: bool = False) -> pl.LazyFrame:
+    """Million Playlist Dataset slices (a ``.json`` file, plain or gzipped, or a directory of
+    them): ``{"playlists": [{"pid", "tracks": [{"pos", "track_uri", ...}, ...], ...}, ...]}`` as
+    one row per song with the columns masr reads by default: ``user_id`` (the ``pid``: MPD has
+    no users, so each playlist is its own), ``playlist_id`` (``pid``), ``track_id``
+    (``track_uri``) and ``position`` (``pos``), and the tracks' ``track_name`` and
+    ``artist_name`` (their other fields are not kept: the whole MPD is 66M rows). Playlists
+    without tracks (the challenge set's title-only ones) have no rows, or with
+    ``empty_playlists`` (``masr score``) one row without a track, so that they are continued
+    too (from popularity). Read whole (JSON does not stream)."""
+    frames = []
+    for part in input_parts(path):
+        data = part.read_bytes()
+        try:
+            if data[:2] == _GZIP_MAGIC:
+                data = zlib.decompress(data, wbits=31)
+            df = pl.read_json(io.BytesIO(data))
+        except Exception as exc:  # zlib and polars raise several error types
+            raise MasrError(f"{part}: unreadable JSON ({one_line(exc)})") from None
+        playlist = _struct_fields(df.schema.get("playlists"))
+        track = _struct_fields(playlist.get("tracks"))
+        if "pid" not in playlist or "track_uri" not in track:
+            raise MasrError(
+                f"{part}: JSON input is read in the Million Playlist Dataset's layout "
+                '({"playlists": [{"pid": ..., "tracks": [{"track_uri": ..., "pos": ...}]}]}); '
+                "give other data as CSV, TSV or Parquet"
+            )
+        lists = df.select(pl.col("playlists").explode()).unnest("playlists")
+        lists = lists.select("pid", "tracks").with_row_index("_order")
+        # (an empty list explodes to a null row in polars 1, to none in polars 2: drop both)
+        rows = lists.explode("tracks").drop_nulls("tracks").unnest("tracks")
+        if empty_playlists:  # in the file's order of playlists
+            empty = lists.filter(pl.col("tracks").list.len().fill_null(0) == 0)
+            rows = pl.concat([rows, empty.drop("tracks")], how="diagonal_relaxed")
+            rows = rows.sort("_order", maintain_order=True)
+        rows = rows.drop("_order")
+        pid = pl.col("pid").cast(pl.String)
+        named = [pid.alias("user_id"), pid.alias("playlist_id")]
+        named.append(pl.col("track_uri").alias("track_id"))
+        if "pos" in track:
+            named.append(pl.col("pos").alias("position"))
+        named += [pl.col(c) for c in SONG_EXTRAS if c in track]  # the rest is not read
+        frames.append(rows.select(named))
+    return pl.concat(frames, how="diagonal_relaxed").lazy()
+
+
+def _struct_fields(dtype: pl.DataType | None) -> dict[str, pl.DataType]:
+    """The fields of a list of structs (``{}`` for anything else)."""
+    if isinstance(dtype, pl.List) and isinstance(dtype.inner, pl.Struct):
+        return dict(dtype.inner.to_schema())
+    return {}
 
 
 def _scan_text(path: Path, kind: str, quote: str | None) -> pl.LazyFrame:

@@ -358,7 +358,7 @@ class ExportedModel(Engine):
 def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
     """A lazy frame with String columns ``user, playlist, track`` (missing columns: one line)."""
     head = check_file(path)
-    lf = scan(path, *detect_format(path, head))
+    lf = scan(path, *detect_format(path, head), empty_playlists=True)
     try:
         schema = lf.collect_schema()
     except pl.exceptions.NoDataError:
@@ -499,7 +499,9 @@ def _prepare(frame: pl.DataFrame, model: ExportedModel, summary: ScoreSummary) -
         .sort("row")
     )
     summary.rows += frame.height
-    summary.unknown_song_rows += int(frame["song_idx"].is_null().sum())
+    # a row without a track (an empty playlist to continue) is not an unknown song
+    unknown = frame["song_idx"].is_null() & frame["track"].is_not_null()
+    summary.unknown_song_rows += int(unknown.sum())
     owners = (
         frame.group_by("playlist", "user")
         .len()
