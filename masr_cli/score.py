@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from masr.config import SCORE_ENGINES, SCORE_FORMATS
+from masr.config import SCORE_ENGINES, SCORE_FORMATS, ScoreConfig
 from masr_cli._common import Device, choices, console, log_line
+
+if TYPE_CHECKING:  # the CLI imports the library's scoring only when it runs
+    from masr.score import ScoreSummary
 
 NAME = "score"
 
@@ -129,7 +132,7 @@ def command(
 
     Example: masr score examples/playlists.csv > recs.csv
     """
-    from masr.score import ScoreConfig, check_model_path, input_columns, score_file
+    from masr.score import check_model_path, input_columns, score_file
 
     config = ScoreConfig(
         k=k,
@@ -155,7 +158,7 @@ def command(
     console.print(summary.line(), highlight=False, soft_wrap=True)
 
 
-def _score_stdin(model: Path, out: Path | None, config):  # -> masr.score.ScoreSummary
+def _score_stdin(model: Path, out: Path | None, config: ScoreConfig) -> ScoreSummary:
     """INPUT `-`: standard input spooled to a private temporary file (the reader needs a file
     it can scan twice and tell the format of: CSV, TSV, Parquet, gzipped or not), removed after."""
     import shutil

@@ -65,7 +65,7 @@ class RawInput:
 
     frame: pl.DataFrame
     path: str
-    format: str  # "csv", "tsv", "csv-semicolon", "csv-pipe", "parquet"; "+gzip" when compressed
+    format: str  # csv, tsv, csv-semicolon, csv-pipe, parquet, json; "+gzip" when compressed
     rows: int
     checksum: str  # sha256 of the input bytes
     #: with ``read_interactions(..., extras_apart=True)``: one row per track (``track`` plus the
@@ -213,7 +213,8 @@ def parquet_parts(path: Path) -> list[Path]:
 
 def check_file(path: Path) -> bytes:
     """Fail with one line when ``path`` is not a readable, non-empty file (or a directory of
-    Parquet parts); return its head (a directory: the Parquet magic bytes)."""
+    Parquet parts or MPD JSON slices); return its head (a directory: the Parquet magic bytes;
+    ``detect_format`` tells a directory's kind from its parts)."""
     if not path.exists():
         raise MasrError(f"{path}: no such file")
     if path.is_dir():

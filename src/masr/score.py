@@ -385,7 +385,7 @@ def _playlist_chunks(
     whole and regrouped in memory, playlists in the order of their first row, which
     ``summary.regrouped`` records."""
     lf = _scan(path, columns)
-    if _adjacent(lf, path, read_rows):
+    if _adjacent(lf, read_rows):
         batches: Iterable[pl.DataFrame] = lf.collect_batches(chunk_size=read_rows)
     else:
         if summary is not None:
@@ -394,7 +394,7 @@ def _playlist_chunks(
     return _complete_playlists(batches, path)
 
 
-def _adjacent(lf: pl.LazyFrame, path: Path, read_rows: int) -> bool:
+def _adjacent(lf: pl.LazyFrame, read_rows: int) -> bool:
     """Whether every playlist's rows are adjacent across read chunks (one pass over the
     playlist column; an input of one chunk always is)."""
     done = np.empty(0, dtype=np.uint64)
