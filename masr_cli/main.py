@@ -56,8 +56,30 @@ app.add_typer(analyze.app, name=analyze.NAME, help=unwrap(analyze.HELP))
 
 
 def run() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: ``app`` with its usage errors (an unknown option or
+    command, a value not among the choices, a missing argument) as one line on stderr, as
+    every other error of masr is, pointing to the command's --help; exit status 2."""
+    import sys
+
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        typer.echo("masr: error: aborted", err=True)
+        sys.exit(1)
+    except Exception as exc:
+        # click's (or, in newer typer, its vendored copy's) usage errors, told by class name
+        kinds = {cls.__name__ for cls in type(exc).__mro__}
+        ctx = getattr(exc, "ctx", None)
+        if "NoArgsIsHelpError" in kinds:  # `masr` alone, `masr analyze`: the help, printed
+            sys.exit(2)
+        if "UsageError" not in kinds:
+            raise
+        where = ctx.command_path if ctx is not None else "masr"
+        message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+        message = message.replace("Value error, ", "")  # the coercion's wording, not ours
+        typer.echo(f"masr: error: {message} (see {where} --help)", err=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

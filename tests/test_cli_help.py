@@ -43,3 +43,46 @@ def test_help_wraps_at_80_columns(command: str) -> None:
             assert all(line.startswith("   ") for line in para), para
         else:  # prose: every line but the last is filled by the wrapper
             assert all(len(line) >= 55 for line in para[:-1]), para
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["train", "--modle", "amasr"], "No such option: --modle"),
+        (["train", "--model", "nosuch"], "'nosuch' is not one of 'mdr'"),
+        (["nosuchcmd"], "No such command 'nosuchcmd'"),
+        (["score"], "Missing argument"),
+    ],
+)
+def test_usage_errors_are_one_line_from_the_console_script(args: list[str], needle: str) -> None:
+    """The installed `masr` (``masr_cli.main.run``): a usage error is one `masr: error:` line
+    on stderr that names the command's --help, exit status 2, as other errors are one line."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "from masr_cli.main import run; run()", *args],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("masr: error: ") and needle in lines[0]
+    assert "--help)" in lines[0] and "Value error" not in lines[0]
+
+
+def test_the_console_script_keeps_help_version_and_exit_codes(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", "from masr_cli.main import run; run()", *args],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        )
+
+    assert run().returncode == 2  # no command: the help, as click does
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.startswith("masr ")
+    assert run("train", "--help").returncode == 0
+    failed = run("evaluate", "--data", str(tmp_path / "none"))
+    assert failed.returncode == 1 and failed.stderr.startswith("masr: error: ")
