@@ -360,6 +360,15 @@ def test_not_utf8(tmp_path):
     path = tmp_path / "latin1.csv"
     path.write_bytes("user_id,playlist_id,track_id\nu,p,caf\xe9\n".encode("latin-1"))
     assert "UTF-8" in _error(path)
+    assert "iconv -f WINDOWS-1252 -t UTF-8 latin1.csv > latin1-utf8.csv" in _error(path)
+
+
+def test_utf16_text_names_the_conversion(tmp_path):
+    """Excel's "Unicode Text" export: UTF-16 with a byte-order mark, tab-separated."""
+    path = tmp_path / "export.txt"
+    path.write_bytes("user_id\tplaylist_id\ttrack_id\nu\tp\tt\n".encode("utf-16"))
+    message = _error(path)
+    assert "UTF-16 text" in message and "iconv -f UTF-16 -t UTF-8 export.txt" in message
 
 
 def test_missing_column_names_the_option(tmp_path):

@@ -99,6 +99,11 @@ def detect_format(path: Path, head: bytes) -> tuple[str, bool]:
         return "parquet", gz
     if gz and text.startswith(_GZIP_MAGIC):
         raise MasrError(f"{path}: gzipped twice; decompress it once")
+    if text.startswith((b"\xff\xfe", b"\xfe\xff")):  # Excel's "Unicode Text", Windows tools
+        raise MasrError(
+            f"{path}: UTF-16 text; masr reads UTF-8: save it as \"CSV UTF-8\" or convert it "
+            f"(iconv -f UTF-16 -t UTF-8 {path.name} > {path.stem}-utf8{path.suffix or '.csv'})"
+        )
     first_line = text.split(b"\n", 1)[0]
     if b"\0" in first_line or not _utf8(first_line, cut=len(first_line) == len(text)):
         raise MasrError(
@@ -477,7 +482,10 @@ def read_interactions(
     except (pl.exceptions.ComputeError, OSError) as exc:
         msg = one_line(exc)
         if "utf-8" in msg.lower() or "utf8" in msg.lower():
-            raise MasrError(f"{path}: not UTF-8 text ({msg})") from None
+            raise MasrError(
+                f"{path}: not UTF-8 text ({msg}); if it is Latin-1 / Windows-1252, convert it: "
+                f"iconv -f WINDOWS-1252 -t UTF-8 {path.name} > {path.stem}-utf8{path.suffix}"
+            ) from None
         raise MasrError(f"{path}: unreadable or truncated file ({msg})") from None
     except Exception as exc:  # polars raises several error types for malformed files
         raise MasrError(f"{path}: unreadable or truncated file ({one_line(exc)})") from None
