@@ -223,6 +223,13 @@ def test_mpd_json_challenge_playlists_without_tracks_are_continued_too(
     assert summary.unknown_song_rows == 0 and recs.height == 9
 
 
+def test_text_that_is_not_utf8_names_the_conversion(tmp_path: Path, exported: Path) -> None:
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("user_id,playlist_id,track_id\nu0,p0,caf\xe9\n".encode("latin-1"))
+    with pytest.raises(MasrError, match="iconv -f WINDOWS-1252 -t UTF-8 latin1.csv"):
+        score_file(path, exported, tmp_path / "o.csv", ScoreConfig(k=3))
+
+
 def test_plain_double_quotes_in_a_tsv_are_text(tmp_path: Path, exported: Path) -> None:
     """A TSV whose quotes are plain text inside fields (an unmatched one per line, which a
     quote-aware parse rejects as malformed) scores like the same file without them."""

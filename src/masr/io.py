@@ -130,6 +130,18 @@ _PLAIN_WORDS = {
 }
 
 
+def unreadable(path: Path, exc: BaseException, what: str) -> MasrError:
+    """The one error line for input that failed to parse: ``what`` and the reader's reason,
+    or, for text that is not UTF-8, the conversion that makes it readable."""
+    msg = one_line(exc)
+    if "utf-8" in msg.lower() or "utf8" in msg.lower():
+        return MasrError(
+            f"{path}: not UTF-8 text ({msg}); if it is Latin-1 / Windows-1252, convert it: "
+            f"iconv -f WINDOWS-1252 -t UTF-8 {path.name} > {path.stem}-utf8{path.suffix}"
+        )
+    return MasrError(f"{path}: {what} ({msg})")
+
+
 def one_line(exc: BaseException) -> str:
     """An exception's text on one line, at most ~200 characters (for one-line MasrErrors)."""
     text = " ".join(str(exc).split())
@@ -479,16 +491,8 @@ def read_interactions(
         raise
     except pl.exceptions.NoDataError:
         raise MasrError(f"{path}: empty file (no header or data)") from None
-    except (pl.exceptions.ComputeError, OSError) as exc:
-        msg = one_line(exc)
-        if "utf-8" in msg.lower() or "utf8" in msg.lower():
-            raise MasrError(
-                f"{path}: not UTF-8 text ({msg}); if it is Latin-1 / Windows-1252, convert it: "
-                f"iconv -f WINDOWS-1252 -t UTF-8 {path.name} > {path.stem}-utf8{path.suffix}"
-            ) from None
-        raise MasrError(f"{path}: unreadable or truncated file ({msg})") from None
     except Exception as exc:  # polars raises several error types for malformed files
-        raise MasrError(f"{path}: unreadable or truncated file ({one_line(exc)})") from None
+        raise unreadable(path, exc, "unreadable or truncated file") from None
     finally:
         hasher.join()
 

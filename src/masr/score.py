@@ -49,9 +49,9 @@ from masr.io import (
     check_file,
     detect_format,
     id_columns,
-    one_line,
     one_row_per_song,
     scan,
+    unreadable,
 )
 from masr.onnx_format import (
     FORMAT,
@@ -364,13 +364,13 @@ def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
     except pl.exceptions.NoDataError:
         raise MasrError(f"{path}: empty file (no header or data)") from None
     except Exception as exc:
-        raise MasrError(f"{path}: unreadable file ({one_line(exc)})") from None
+        raise unreadable(path, exc, "unreadable file") from None
     lf, schema = one_row_per_song(lf, schema, path, columns.as_dict())
     lf = lf.select(id_columns(path, schema, columns.as_dict()))
     try:
         empty = lf.head(1).collect().height == 0
     except Exception as exc:  # polars raises several error types for malformed files
-        raise MasrError(f"{path}: unreadable or malformed file ({one_line(exc)})") from None
+        raise unreadable(path, exc, "unreadable or malformed file") from None
     if empty:
         raise MasrError(f"{path}: no data rows (only a header)")
     return lf
@@ -423,7 +423,7 @@ def _regrouped(lf: pl.LazyFrame, path: Path, read_rows: int) -> Iterator[pl.Data
     try:
         frame = lf.collect()
     except Exception as exc:  # polars raises several error types for malformed files
-        raise MasrError(f"{path}: unreadable or malformed file ({one_line(exc)})") from None
+        raise unreadable(path, exc, "unreadable or malformed file") from None
     frame = frame.with_row_index("_row")
     first = pl.col("_row").min().over("playlist").alias("_first")
     frame = frame.with_columns(first).sort("_first", maintain_order=True).drop("_row", "_first")
@@ -456,7 +456,7 @@ def _complete_playlists(batches: Iterable[pl.DataFrame], path: Path) -> Iterator
     except MasrError:
         raise
     except Exception as exc:  # polars raises several error types for malformed files
-        raise MasrError(f"{path}: unreadable or malformed file ({one_line(exc)})") from None
+        raise unreadable(path, exc, "unreadable or malformed file") from None
     if not any_rows:
         raise MasrError(f"{path}: no data rows (only a header)")
     if carry is not None and carry.height:
