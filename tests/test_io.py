@@ -180,11 +180,17 @@ def test_a_list_column_of_tracks_is_one_row_per_song(tmp_path):
             "playlist_id": ["p1", "p2"],
             "track_id": [["t1", "t2"], ["t1"]],
             "position": [[1, 0], [0]],
+            "tags": [["a", "b", "c"], []],  # a list per playlist, not per song: not read
         }
     ).write_parquet(path)
     raw = read_interactions(path)
     assert raw.frame.select("user", "playlist", "track").rows() == ROWS
     assert raw.frame["position"].to_list() == [1, 0, 0]
+    named = tmp_path / "named.parquet"
+    pl.read_parquet(path).rename({"position": "order"}).write_parquet(named)
+    assert read_interactions(named, Columns(position="order")).frame["position"].to_list() == [
+        1, 0, 0
+    ]
     bad = tmp_path / "bad.parquet"
     pl.DataFrame({"user_id": [["u1"]], "playlist_id": ["p1"], "track_id": ["t1"]}).write_parquet(
         bad

@@ -393,12 +393,17 @@ def id_columns(
 
 
 def one_row_per_song(
-    lf: pl.LazyFrame, schema: pl.Schema, path: str | Path, wanted: dict[str, str]
+    lf: pl.LazyFrame,
+    schema: pl.Schema,
+    path: str | Path,
+    wanted: dict[str, str],
+    position: str | None = None,
 ) -> tuple[pl.LazyFrame, pl.Schema]:
     """A Parquet table with one row per playlist and its songs in a list column (the track
-    column a List or Array) as one row per song, in list order, with any other list column of
-    the same lengths (e.g. positions) unnested beside it; the frame and its new schema. A list
-    of users or playlists is a MasrError."""
+    column a List or Array) as one row per song, in list order, with the lists that go with it
+    song by song unnested beside it (the ``position`` column, default "position", and the
+    track and artist names); other list columns are dropped. The frame and its new schema. A
+    list of users or playlists is a MasrError."""
     names = schema.names()
     found = {k: column_named(names, v) for k, v in wanted.items()}
     lists = [n for n in names if isinstance(schema[n], (pl.List, pl.Array))]
@@ -410,10 +415,13 @@ def one_row_per_song(
                     "(a list column is read for the tracks only)"
                 )
         return lf, schema
-    others = [n for n in lists if n not in (found.get("user"), found.get("playlist"))]
     if any(found.get(k) in lists for k in ("user", "playlist")):
         raise MasrError(f"{path}: the user and playlist columns must hold one id per row")
-    lf = lf.explode(others)
+    # the tracks, and the lists that go with them song by song (positions, names); other list
+    # columns (a playlist's tags, say) are not read
+    per_song = {found["track"], column_named(names, position or POSITION), *SONG_EXTRAS}
+    explode = [n for n in lists if n in per_song]
+    lf = lf.drop([n for n in lists if n not in per_song]).explode(explode)
     return lf, lf.collect_schema()
 
 
@@ -462,7 +470,7 @@ def read_interactions(
     wanted = columns.as_dict()
     try:
         lf = scan(path, kind, gz)
-        lf, schema = one_row_per_song(lf, lf.collect_schema(), path, wanted)
+        lf, schema = one_row_per_song(lf, lf.collect_schema(), path, wanted, columns.position)
         names = schema.names()
         select = id_columns(path, schema, wanted)
         taken = {column_named(names, v) for v in wanted.values()}
