@@ -377,14 +377,13 @@ def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
 
 
 def _playlist_chunks(
-    path: Path, columns: Columns, read_rows: int, summary: ScoreSummary | None = None
+    lf: pl.LazyFrame, path: Path, read_rows: int, summary: ScoreSummary | None = None
 ) -> Iterator[pl.DataFrame]:
     """Chunks of input rows that hold complete playlists (the last playlist of a read chunk
     waits for the next one), streamed when each playlist's rows are adjacent (or the input is
     one read chunk). Otherwise (a database export in no particular order) the input is read
     whole and regrouped in memory, playlists in the order of their first row, which
-    ``summary.regrouped`` records."""
-    lf = _scan(path, columns)
+    ``summary.regrouped`` records. ``lf``: the input ``path`` as ``check_paths`` scanned it."""
     if _adjacent(lf, read_rows):
         batches: Iterable[pl.DataFrame] = lf.collect_batches(chunk_size=read_rows)
     else:
@@ -663,7 +662,7 @@ def score_file(
         return score_ray(input, model, out, config, say)
     started = time.perf_counter()
     input = Path(input)
-    check_paths(input, out, config)
+    lf = check_paths(input, out, config)
     exported = ExportedModel(model, config.device, config.workers, config.batch_size)
     summary = ScoreSummary(provider=exported.provider)
     say(
@@ -676,10 +675,10 @@ def score_file(
         _chunk_hint(exported, say)
     try:
         if out is None:
-            _write_all(input, exported, sys.stdout.buffer, config, summary)
+            _write_all(lf, input, exported, sys.stdout.buffer, config, summary)
         else:
             with atomic_file(out, "wb") as fh:
-                _write_all(input, exported, fh, config, summary)
+                _write_all(lf, input, exported, fh, config, summary)
     finally:
         exported.close()
     summary.seconds = time.perf_counter() - started
@@ -724,10 +723,11 @@ def input_columns(
     return Columns(**{**defaults, **from_export, **given})
 
 
-def check_paths(input: Path, out: str | Path | None, config: ScoreConfig) -> None:
+def check_paths(input: Path, out: str | Path | None, config: ScoreConfig) -> pl.LazyFrame:
     """Input problems first, before loading the model; then an ``--out`` that cannot be
-    written in the chosen format (one line each)."""
-    _scan(input, config.columns)
+    written in the chosen format (one line each). Returns the input's frame (``_scan``), which
+    ``_playlist_chunks`` reads: scanned once (MPD JSON is parsed whole when scanned)."""
+    lf = _scan(input, config.columns)
     if config.out_format == "parquet":
         if out is None:
             raise MasrError("--format parquet: needs --out DIR (a directory of Parquet files)")
@@ -741,6 +741,7 @@ def check_paths(input: Path, out: str | Path | None, config: ScoreConfig) -> Non
             )
     elif out is not None and Path(out).is_dir():
         raise MasrError(f"--out {out}: is a directory; give a file name")
+    return lf
 
 
 def _chunk_hint(model: ExportedModel, say: Callable[[str], None]) -> None:
@@ -781,12 +782,17 @@ def _two_stage(
 
 
 def _write_all(
-    input: Path, model: ExportedModel, fh: IO[bytes], config: ScoreConfig, summary: ScoreSummary
+    lf: pl.LazyFrame,
+    input: Path,
+    model: ExportedModel,
+    fh: IO[bytes],
+    config: ScoreConfig,
+    summary: ScoreSummary,
 ) -> None:
     """Read, score and write chunk by chunk."""
     k = min(config.k, model.n_songs)
     fh.write(HEADER)
-    for frame in _playlist_chunks(input, config.columns, config.read_rows, summary):
+    for frame in _playlist_chunks(lf, input, config.read_rows, summary):
         prepared = _prepare(frame, model, summary)
         songs, scores = model.recommend(prepared.users, prepared.playlists, prepared.members, k)
         # fewer than the --k asked for (k itself is at most the catalog)

@@ -202,7 +202,7 @@ def score_ray(
     started = time.perf_counter()
     ray = _import_ray()
     input, model = Path(input), Path(model)
-    check_paths(input, out, config)
+    lf = check_paths(input, out, config)
     # the driver's copy maps ids and checks the export; the actors load their own to score
     driver = ExportedModel(model, "cpu", workers=1, threads=1)
     _two_stage(driver, config, model, say)
@@ -213,7 +213,7 @@ def score_ray(
         summary = ScoreSummary(provider="cuda" if on_gpu else "cpu", actors=actors)
         per_call = config.batch_size or (512 if on_gpu else 16)  # the local engine's
         blocks, ends = [], []  # object refs; the order after each read chunk's last playlist
-        for frame in _playlist_chunks(input, config.columns, config.read_rows, summary):
+        for frame in _playlist_chunks(lf, input, config.read_rows, summary):
             prepared = _prepare(frame, driver, summary)
             lengths = np.array([len(m) for m in prepared.members], dtype=np.int64)
             # fewer than K rows exactly where fewer than K non-members are left: the graph
