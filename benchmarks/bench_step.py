@@ -33,6 +33,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--eager", action="store_true", help="no torch.compile of the scores")
     parser.add_argument("--profile", action="store_true", help="torch.profiler table, 10 steps")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--by-name", action="store_true", help="--profile's rows per operator, not per shape"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -112,7 +115,7 @@ def main(argv: list[str]) -> int:
             for i in range(10):
                 step(5 + args.steps + i)
         print(
-            prof.key_averages(group_by_input_shape=True).table(
+            prof.key_averages(group_by_input_shape=not args.by_name).table(
                 sort_by="self_cpu_time_total", row_limit=25
             )
         )
