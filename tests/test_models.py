@@ -231,6 +231,43 @@ def test_mass_full_distance_equals_distance_over_all_songs() -> None:
     assert torch.allclose(from_vectors, direct, atol=1e-9)
 
 
+def test_mass_catalog_halves_follow_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The catalog's song halves kept between full-ranking calls are the ones of the current
+    weights: an in-place change (an optimiser step, APR's perturbation), a load or training
+    mode makes them be computed again; with gradients, while tracing or above the size bound
+    they are not kept at all."""
+    import masr.models.mass as mass_module
+
+    model, batch = make_mass(), make_batch(rows=9)
+    with torch.no_grad():
+        first = model.full_distance(batch, chunk=5)
+        kept = model._halves
+        assert kept is not None and kept[0].shape == (N_SONGS, DIM)
+        assert torch.equal(model.full_distance(batch, chunk=5), first)
+        assert model._halves is kept  # the same tables, not computed again
+        for param in (model.song_emb.weight, model.query.weight, model.att_query.bias):
+            param.add_(0.25)
+            moved = model.full_distance(batch, chunk=5)
+            assert model._halves is not kept
+            kept = model._halves
+            assert torch.allclose(moved, model.distance(batch, all_songs(batch)), atol=1e-9)
+        model.load_state_dict(make_mass(seed=3).state_dict())
+        assert torch.allclose(
+            model.full_distance(batch), model.distance(batch, all_songs(batch)), atol=1e-9
+        )
+    model.train()
+    assert model._halves is None
+    model.eval()
+    model.full_distance(batch)  # gradients on: nothing kept
+    assert model._halves is None
+    monkeypatch.setattr(mass_module, "CATALOG_HALVES_MAX", N_SONGS * DIM)  # two tables: over
+    with torch.no_grad():
+        bounded = model.full_distance(batch, chunk=5)
+    assert model._halves is None
+    with torch.no_grad():
+        assert torch.allclose(bounded, model.distance(batch, all_songs(batch)), atol=1e-9)
+
+
 def test_mass_grouped_rows_equal_separate_rows() -> None:
     """full_distance_grouped (G users, R playlists each) = one row at a time."""
     model, batch = make_mass(), make_batch(rows=4)

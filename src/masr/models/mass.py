@@ -303,6 +303,10 @@ def _shared_slot_parts(
     return alpha, row_terms, (alpha * row_terms).sum(-1)  # Σ_t α_t d²_t, (B, C)
 
 
+#: the most floats of catalog song halves (V·d, twice with an attention query) that a MASS
+#: keeps between full-ranking calls (``MASS._catalog_halves``): 128 MB
+CATALOG_HALVES_MAX = 1 << 25
+
 #: below this, the softmin's sum over a row's members (relative to the largest logit of the
 #: group, which is the row's own) is taken for an underflow, and the batch pools row by row
 LOO_TINY = 1e-30
@@ -482,6 +486,10 @@ class MASS(Recommender):
     def __init__(self, config: MASSConfig, n_users: int, n_playlists: int, n_songs: int):
         super().__init__(config, n_users, n_playlists, n_songs)
         self._compiled_scores: Any = None  # compile_scores(True): a masr.compiled.Compiled
+        # the catalog's song halves of eqs. 12 and 16 between full-ranking calls, and the
+        # identity (storage, version) of the weights they were computed from
+        self._halves: tuple[Tensor, Tensor | None] | None = None
+        self._halves_key: tuple = ()
         d = config.dim
         has_u, has_p = config.context != "playlist", config.context != "user"
         n_ctx = int(has_u) + int(has_p)  # context vectors in the query input [c; s_k]
@@ -545,6 +553,47 @@ class MASS(Recommender):
         """Eqs. 12 / 16: ReLU(W [c; s] + b) for contexts ``c`` (B, k) and songs ``s`` (B, C, d)."""
         w_c, w_s = self._split(lin)
         return F.relu(F.linear(s, w_s, lin.bias) + F.linear(c, w_c).unsqueeze(1))  # (B, C, d)
+
+    def _song_halves(self, s_out: Tensor, s_att: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """W1_s s_k + b1 and W2_s s^(a)_k + b2 (..., d): the song halves of eqs. 12 and 16,
+        which do not depend on the context (the second None without an attention query)."""
+        _, w1_s = self._split(self.query)
+        h_out = F.linear(s_out, w1_s, self.query.bias)
+        if self.att_query is None or s_att is None:
+            return h_out, None
+        _, w2_s = self._split(self.att_query)
+        return h_out, F.linear(s_att, w2_s, self.att_query.bias)
+
+    def _catalog_halves(self) -> tuple[Tensor, Tensor | None] | None:
+        """``_song_halves`` of every catalog song (V, d), computed once per set of weights and
+        kept between full-ranking calls: a validation or ``masr evaluate`` ranks the catalog
+        for many batches of cases with the same weights, and the per-chunk products were about
+        a tenth of MASS's full ranking on AOTM (docs/training.md, "Evaluation"). Only without
+        gradients and outside ONNX tracing, and only up to ``CATALOG_HALVES_MAX`` floats (None
+        otherwise: the caller projects chunk by chunk). The weights' storage and version
+        counters say when they changed (an optimiser step, APR's perturbation, a load)."""
+        tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+        if tracing or torch.is_grad_enabled():
+            return None
+        att = self.att_query is not None
+        if self.n_songs * self.config.dim * (2 if att else 1) > CATALOG_HALVES_MAX:
+            return None
+        weights = [self.song_emb.weight, self.query.weight, self.query.bias]
+        if att:
+            assert self.att_query is not None
+            weights += [self._att_songs().weight, self.att_query.weight, self.att_query.bias]
+        key = tuple((w.data_ptr(), w._version) for w in weights)
+        if self._halves is None or key != self._halves_key:
+            self._halves = None  # the old tables go before the new ones are made
+            s_att = self._att_songs().weight if att else None
+            self._halves, self._halves_key = self._song_halves(self.song_emb.weight, s_att), key
+        return self._halves
+
+    def train(self, mode: bool = True) -> MASS:
+        """nn.Module.train; going back to training drops the catalog's song halves."""
+        if mode:
+            self._halves, self._halves_key = None, ()
+        return super().train(mode)
 
     def _member_dist(self, q: Tensor, members: Tensor, metric: Tensor) -> Tensor:
         """Eqs. 14-15 / 17: (B, C, L) squared distances, queries (B, C, d) to members (B, L, d)."""
@@ -675,19 +724,21 @@ class MASS(Recommender):
         side = self._member_side(members, member_mask)
         a_out, a_att = self._context_side(u, u_att)
         att_table = self._att_songs().weight if self.att_query is not None else None
+        catalog = self._catalog_halves()
         scores = self._scorer()
         out = []
         for start in range(0, self.n_songs, chunk):
             stop = min(start + chunk, self.n_songs)
-            out.append(
-                scores(
-                    side,
-                    a_out,
-                    a_att,
+            if catalog is not None:
+                h_out = catalog[0][start:stop]
+                h_att = None if catalog[1] is None else catalog[1][start:stop]
+            else:
+                h_out, h_att = self._song_halves(
                     self.song_emb.weight[start:stop],
                     None if att_table is None else att_table[start:stop],
-                    self.song_bias.weight[start:stop],
                 )
+            out.append(
+                scores(side, a_out, a_att, h_out, h_att, self.song_bias.weight[start:stop])
             )  # (G, Vc, R)
         return torch.cat(out, dim=1).transpose(1, 2)  # (G, R, V)
 
@@ -847,8 +898,9 @@ class MASS(Recommender):
         (``songs`` (B, 1)), by ``_grouped_scores`` (compiled where on)."""
         side, a_out, a_att = rows
         s_att = self._att_songs()(songs) if self.att_query is not None else None
+        h_out, h_att = self._song_halves(self.song_emb(songs), s_att)
         scores = self._scorer()(
-            side, a_out, a_att, self.song_emb(songs), s_att, self.song_bias(songs)
+            side, a_out, a_att, h_out, h_att, self.song_bias(songs)
         )  # (B, N, 1)
         return scores.squeeze(-1)
 
@@ -930,27 +982,26 @@ class MASS(Recommender):
         side: dict[str, Tensor],
         a_out: Tensor,
         a_att: Tensor | None,
-        s_out: Tensor,
-        s_att: Tensor | None,
+        h_out: Tensor,
+        h_att: Tensor | None,
         bias: Tensor,
     ) -> Tensor:
-        """(G, Vc, R) eq. 19 of Vc candidate songs (output vectors ``s_out``, attention vectors
-        ``s_att`` (Vc, d), biases (Vc, 1)) for the G groups of ``_member_side``.
+        """(G, Vc, R) eq. 19 of Vc candidate songs (their song halves ``h_out``, ``h_att``
+        (Vc, d) of eqs. 12 and 16 from ``_song_halves``, biases (Vc, 1)) for the G groups of
+        ``_member_side``.
 
         Expanding eqs. 14-15, d²_t = |B3⊙q|² - 2 (B3²⊙q)·s_t + |B3⊙s_t|²; since Σ_t α_t = 1
         the first term leaves the attention sum, and |B4⊙q^(a)|² is constant over t so it
         cancels in the softmin (eq. 18). Padded slots get -inf attention logits and zero
         output terms, so they never change a score. The Table 4 variants change the logits
         only: "dot" q^(a)·s_t^(a), "none" 0 at every real slot."""
-        n_groups, n, n_rows = a_out.shape[0], s_out.shape[-2], side["has"].shape[-1]
-        _, w1_s = self._split(self.query)
+        n_groups, n, n_rows = a_out.shape[0], h_out.shape[-2], side["has"].shape[-1]
         # eq. 12: q = ReLU(W1_c c + W1_s s_k + b1)                       (G, Vc, d)
-        q = (a_out + F.linear(s_out, w1_s, self.query.bias)).relu_()
+        q = (a_out + h_out).relu_()
         q_norm = weighted_sum(q * q, side["w_out"])  # (G, Vc)  |B3⊙q|²
-        if self.att_query is not None and a_att is not None and s_att is not None:
-            _, w2_s = self._split(self.att_query)
+        if self.att_query is not None and a_att is not None and h_att is not None:
             # eq. 16: q^(a) = ReLU(W2_c c^(a) + W2_s s^(a) + b2)           (G, Vc, d)
-            q_att = (a_att + F.linear(s_att, w2_s, self.att_query.bias)).relu_()
+            q_att = (a_att + h_att).relu_()
             # eqs. 14-18 ("dot": logits q^(a)·s_t^(a), the same form)     (G, Vc, R)
             pooled = attentive_pool(
                 q_att, side["att_w2"], side["att_norm"], q, side["out_w"], side["out_norm"],
