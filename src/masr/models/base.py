@@ -129,6 +129,11 @@ class Recommender(nn.Module):
     def after_step(self) -> None:
         """Called after every optimiser step (CML clips norms here). Default: nothing."""
 
+    def init_from_data(self, data: PreparedData, seed: int = 0) -> None:
+        """Start a fresh run's weights from the training data where the config asks for it
+        (MASS's ``song_init="svd"``, ``masr.spectral``); called once, before training, and
+        never for a resumed run or an APR run (they start from checkpoints). Default: nothing."""
+
     def compile_scores(self, on: bool) -> bool:
         """Switch the model's GEMM-form scores to a ``torch.compile``d version
         (``masr.compiled``), or back; True where the model has one (MASS: the shared-negative

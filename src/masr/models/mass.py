@@ -60,7 +60,7 @@ nn.Linear init.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +68,10 @@ from torch import Tensor, nn
 
 from masr.errors import MasrError
 from masr.models.base import Batch, ModelConfig, Recommender
+from masr.spectral import SONG_INITS
+
+if TYPE_CHECKING:
+    from masr.dataset import PreparedData
 from masr.models.mdr import (
     check_common,
     dropout_keep,
@@ -113,12 +117,16 @@ class MASSConfig(ModelConfig):
     dropout_mode: str = "element"
     context: str = "user"  # MASS_CONTEXTS: "user" (MASS_us), "playlist", "user+playlist"
     attention: str = "mem-metric"  # ATTENTIONS: the paper's memory metric-based attention
+    # "random": the song tables start N(0, σ²) as the others; "svd": from the training matrix's
+    # truncated SVD (masr.spectral), shifted so that every coordinate is >= 0, users at 0
+    song_init: str = "random"
 
     def __post_init__(self) -> None:
         check_common("mass", self.dim, self.dropout, self.init_std)
         for name, value, allowed in (
             ("context", self.context, MASS_CONTEXTS),
             ("attention", self.attention, ATTENTIONS),
+            ("song_init", self.song_init, SONG_INITS),
         ):
             if value not in allowed:
                 raise MasrError(f"mass {name}: {value!r} is not one of {', '.join(allowed)}")
@@ -525,6 +533,30 @@ class MASS(Recommender):
                     # [-I | I] ([-I/2 | -I/2 | I] for MASS_ups): starts as ReLU(s_k - mean c)
                     lin.weight.copy_(torch.cat([-eye / n_ctx] * n_ctx + [eye], dim=1))
                     lin.bias.zero_()
+
+    def init_from_data(self, data: PreparedData, seed: int = 0) -> None:
+        """``song_init="svd"``: the song tables (S, and S^(a) of the attention memory) start
+        from the training matrix's song factors (``masr.spectral.training_factors``, rank d),
+        each coordinate shifted by its minimum over the catalog so that none is negative, and
+        the context tables (U, P and their memory twins) at 0. With the query's [-I | I] start
+        (eq. 12: q = ReLU(s_k - c)), ReLU is then the identity and every distance of eqs.
+        14-17 starts as the member songs' distance to the candidate in the factors' space: an
+        item-based start (shifting both sides changes no distance). "random": nothing."""
+        if self.config.song_init != "svd":
+            return
+        from masr.spectral import training_factors
+
+        _, songs = training_factors(data, self.config.dim, seed=seed)
+        songs = songs - songs.min(0).values  # (V, d), every coordinate >= 0
+        with torch.no_grad():
+            for table in (self.song_emb, self.att_song_emb):
+                if table is not None:
+                    table.weight.copy_(songs.to(table.weight))
+            for table in (
+                self.user_emb, self.playlist_emb, self.att_user_emb, self.att_playlist_emb
+            ):
+                if table is not None:
+                    table.weight.zero_()
 
     # -- pieces ---------------------------------------------------------------------------
     @staticmethod

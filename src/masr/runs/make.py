@@ -217,6 +217,7 @@ def _build(
         model = cls(
             model_config(run, options.model), data.n_users, data.n_playlists, data.n_songs
         )
+        model.init_from_data(data, seed=options.train.seed)  # e.g. MASS's song_init="svd"
 
     if resume_state is None:
         if not resume and info is not None and info.get("status") in UNFINISHED:
