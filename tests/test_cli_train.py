@@ -110,6 +110,36 @@ def test_a_finished_run_is_never_replaced_silently(tmp_path: Path) -> None:
     assert "mdr: replacing the finished run in" in same.stderr and "asked for" in same.stderr
 
 
+def test_runs_of_an_older_masr_are_reused_after_an_upgrade(tmp_path: Path) -> None:
+    """A run whose run.json predates a config field (an earlier masr wrote it) is the same run
+    when the field's default is what the code did before: reused, not trained again. A value
+    other than the default still makes it a different run."""
+    from conftest import write_planted
+
+    data, runs = write_planted(tmp_path / "data"), tmp_path / "runs"
+    base = ["train", "--data", str(data), "--runs", str(runs), *TINY]
+    _ok([*base, "--model", "mass"])
+    stamp = (runs / "mass" / "best.pt").stat().st_mtime_ns
+    run_json = runs / "mass" / "run.json"
+    info = json.loads(run_json.read_text())
+    # as an older masr wrote it: no song_init (MASS), no member_dropout (train) in the signature
+    del info["signature"]["model_config"]["song_init"]
+    info["signature"]["train"].pop("member_dropout", None)
+    run_json.write_text(json.dumps(info))
+    again = _ok([*base, "--model", "amass"])
+    assert "mass: reusing" in again.stderr and "replacing" not in again.stderr
+    assert (runs / "mass" / "best.pt").stat().st_mtime_ns == stamp
+    # the APR run's own signature holds the start's: an older one is reused the same way
+    amass_json = runs / "amass" / "run.json"
+    info = json.loads(amass_json.read_text())
+    del info["signature"]["start"]["model_config"]["song_init"]
+    amass_json.write_text(json.dumps(info))
+    assert "amass: reusing" in _ok([*base, "--model", "amasr"]).stderr  # a dependency there
+    other = _ok([*base, "--model", "amass", "--set", "mass.song_init=svd"])
+    assert "mass: replacing the finished run in" in other.stderr
+    assert "model_config.song_init None -> svd" in other.stderr
+
+
 def test_evaluate_selected_models_json_file_and_plot(
     amasr_runs: tuple[Path, Path, str], tmp_path: Path
 ) -> None:

@@ -223,11 +223,12 @@ class _Stages:
 def _make(name: str, data: Any, runs_dir: Path, options: RunOptions, say: Log) -> None:
     """Run ``name`` in ``runs_dir``, unless it finished there with the same signature."""
     from masr.runs import read_run_json, signature, train_run
+    from masr.runs.registry import same_signature
 
     info = read_run_json(runs_dir / name) or {}
     if (
         info.get("status") == "finished"
-        and info.get("signature") == signature(name, options, data.fingerprint)
+        and same_signature(info.get("signature"), signature(name, options, data.fingerprint))
         and (runs_dir / name / "best.pt").is_file()
     ):
         say(f"{runs_dir.name}/{name}: finished before, reused")

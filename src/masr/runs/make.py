@@ -32,7 +32,9 @@ from masr.runs.registry import (
     plan,
     resumable,
     run_spec,
+    same_signature,
     signature,
+    upgraded,
 )
 from masr.runs.store import (
     UNFINISHED,
@@ -126,7 +128,7 @@ def _reused(
         info is None
         or info.get("status") != "finished"
         or not (run_dir / "best.pt").is_file()
-        or info.get("signature") != sig
+        or not same_signature(info.get("signature"), sig)
     ):
         return None
     best = info.get("best", {})
@@ -180,10 +182,10 @@ def _build(
         resume
         and info is not None
         and (run_dir / "last.pt").is_file()
-        and resumable(info.get("signature", {})) == resumable(sig)
+        and resumable(upgraded(info.get("signature", {}), sig)) == resumable(sig)
     )
     if resume and not can_resume and info is not None and (run_dir / "last.pt").is_file():
-        changed = differences(resumable(info.get("signature", {})), resumable(sig))
+        changed = differences(resumable(upgraded(info.get("signature", {}), sig)), resumable(sig))
         raise MasrError(
             f"{run_dir / 'last.pt'}: cannot --resume, made with other data or options "
             f"({', '.join(changed[:4]) or 'unknown'}); pass the same options or drop --resume"
@@ -226,7 +228,7 @@ def _build(
                 "replaced (--resume would have continued it)")
         if info is not None and info.get("status") == "finished":
             # say so before a finished run (maybe hours of training) is overwritten
-            changed = differences(info.get("signature", {}), sig)
+            changed = differences(upgraded(info.get("signature", {}), sig), sig)
             why = f"other data or options ({', '.join(changed[:4])})" if changed else "asked for"
             log(f"{run}: replacing the finished run in {run_dir}: {why}")
         clear(run_dir)
@@ -329,7 +331,7 @@ def _load_part(
     read, so another ``masr train`` may have made it again since, with other options: refused
     rather than built upon."""
     info = read_run_json(runs_dir / part) or {}
-    if info.get("signature") != signature(part, options, data.fingerprint):
+    if not same_signature(info.get("signature"), signature(part, options, data.fingerprint)):
         raise MasrError(
             f"{runs_dir / part}: made again by another masr train while this one ran, with "
             "other options; run this one again"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from masr.config import BASELINE_RECIPE, DEFAULT_RECIPE, RunOptions
@@ -145,6 +145,45 @@ def signature(name: str, options: RunOptions, fingerprint: str) -> dict[str, Any
     if spec.procedure == "pretrained":
         sig["parts"] = [signature(p, options, fingerprint) for p in spec.parts]
     return sig
+
+
+def upgraded(old: Any, new: Any) -> Any:
+    """``old``, a signature an earlier masr wrote, with the config fields it predates filled in
+    from ``new`` where ``new`` holds them at their default: a field is added to a config with
+    the default that keeps what the code did before it existed (MASS's ``song_init="random"``),
+    so such a run was made the same way and stays reusable after an upgrade instead of being
+    trained again. A field the older run lacks but that ``new`` sets to anything else is left
+    missing, so that difference still counts. At every level (an APR run's ``start``, a
+    fusion's ``parts``)."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return old
+    from masr.config import AdversarialConfig, TrainConfig
+    from masr.models import REGISTRY, model_class
+
+    out = dict(old)
+    sections: dict[str, Any] = {"train": TrainConfig, "adversarial": AdversarialConfig}
+    if new.get("model") in REGISTRY:
+        sections["model_config"] = model_class(str(new["model"])).config_class
+    for section, cls in sections.items():
+        was, now = out.get(section), new.get(section)
+        if not (isinstance(was, dict) and isinstance(now, dict)):
+            continue
+        filled = dict(was)
+        for f in fields(cls):
+            if f.name not in filled and f.name in now and f.default is not MISSING \
+                    and now[f.name] == f.default:
+                filled[f.name] = now[f.name]
+        out[section] = filled
+    if isinstance(out.get("start"), dict):
+        out["start"] = upgraded(out["start"], new.get("start"))
+    if isinstance(out.get("parts"), list) and isinstance(new.get("parts"), list):
+        out["parts"] = [upgraded(o, n) for o, n in zip(out["parts"], new["parts"], strict=False)]
+    return out
+
+
+def same_signature(old: Any, new: dict[str, Any]) -> bool:
+    """True when a run made with signature ``old`` is the run ``new`` asks for (``upgraded``)."""
+    return upgraded(old, new) == new
 
 
 def resumable(sig: dict[str, Any]) -> dict[str, Any]:
