@@ -68,10 +68,6 @@ from torch import Tensor, nn
 
 from masr.errors import MasrError
 from masr.models.base import Batch, ModelConfig, Recommender
-from masr.spectral import SONG_INITS
-
-if TYPE_CHECKING:
-    from masr.dataset import PreparedData
 from masr.models.mdr import (
     check_common,
     dropout_keep,
@@ -80,6 +76,10 @@ from masr.models.mdr import (
     row_dropout_weights,
     weighted_sum,
 )
+from masr.spectral import SONG_INITS
+
+if TYPE_CHECKING:
+    from masr.dataset import PreparedData
 
 QUERY_INITS = ("reference", "default")
 #: where the training dropout's masks vary: "element" = every element of every B ⊙ (q - s_t)

@@ -170,8 +170,8 @@ def upgraded(old: Any, new: Any) -> Any:
             continue
         filled = dict(was)
         for f in fields(cls):
-            if f.name not in filled and f.name in now and f.default is not MISSING \
-                    and now[f.name] == f.default:
+            predates = f.name not in filled and f.name in now  # a field added since
+            if predates and f.default is not MISSING and now[f.name] == f.default:
                 filled[f.name] = now[f.name]
         out[section] = filled
     if isinstance(out.get("start"), dict):
