@@ -3,7 +3,7 @@ matrix (``song_init="svd"``, e.g. ``masr train --model amasr --set mass.song_ini
 
 MASS compares a candidate's query with the playlist's member songs (eqs. 12-19), and from a
 random start its song table knows nothing of which songs go together: on AOTM-2011 its first
-epochs rank the catalog worse than popularity does. The left and right singular vectors of the
+epoch ranks the catalog no better than popularity does. The left and right singular vectors of the
 training matrix put songs that share playlists near each other from the first step (PureSVD,
 Cremonesi et al., RecSys 2010), so training starts from an item-based solution and refines it
 (docs/training.md, "A start from the training matrix's SVD").
@@ -14,7 +14,8 @@ Cremonesi et al., RecSys 2010), so training starts from an item-based solution a
     playlists: U diag(σ)^½ (P, k)   songs: V diag(σ)^½ (V, k)
 
 β damps the popular songs, whose column would otherwise fill the first factors. The factors
-are deterministic for a seed (the randomised SVD draws from its own generator state).
+are deterministic for a seed: the randomised SVD draws from a forked generator seeded with it,
+and the global one is left as it was.
 """
 
 from __future__ import annotations
