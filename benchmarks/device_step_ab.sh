@@ -50,32 +50,36 @@ esac
 CSV=$(cd "$(dirname "$CSV")" && pwd)/$(basename "$CSV")  # the benches run in their own trees
 ls -l "$CSV"
 
-bench() {  # bench VERSION ROUND: one paper-recipe epoch of each model, as that version times it
-  local version=$1 round=$2 root=$PWD path=$PYTHONPATH extra=(--recipes paper)
-  if [ "$version" = old ]; then
-    root=$OLD path=$OLD/src:$PYTHONPATH extra=()  # versions before --recipes trained the paper's
+version() {  # version old|new: its tree (ROOT), PYTHONPATH (VPATH) and recipe flag (EXTRA)
+  if [ "$1" = old ]; then
+    ROOT=$OLD VPATH=$OLD/src:$PYTHONPATH EXTRA=()  # versions before --recipes trained the paper's
+  else
+    ROOT=$PWD VPATH=$PYTHONPATH EXTRA=(--recipes paper)
   fi
-  (cd "$root" && PYTHONPATH=$path MASR_BENCH_DATA=$CSV timeout 300 "$PY" benchmarks/bench_train.py \
+}
+
+bench() {  # bench VERSION ROUND: one paper-recipe epoch of each model, as that version times it
+  version "$1"
+  (cd "$ROOT" && PYTHONPATH=$VPATH MASR_BENCH_DATA=$CSV timeout 300 "$PY" benchmarks/bench_train.py \
     "${WHERE[@]}" --models "$MODELS" --batch-sizes default --max-seconds "$MAX_SECONDS" \
-    "${extra[@]}" 2>&1 | grep -v "^ *\[" | tail -6)
-  cp "$root/bench-out/train.json" "$OUT/train-$version-$round.json" 2>/dev/null
+    "${EXTRA[@]}" 2>&1 | grep -v "^ *\[" | tail -6)
+  cp "$ROOT/bench-out/train.json" "$OUT/train-$1-$2.json" 2>/dev/null
 }
 
 for round in 1 2; do
-  for version in old new; do
-    stage "epoch, $version version, round $round"
-    bench "$version" "$round"
+  for v in old new; do
+    stage "epoch, $v version, round $round"
+    bench "$v" "$round"
   done
 done
 
-for version in old new; do
-  stage "what one MDR step launches, $version version"
-  root=$PWD path=$PYTHONPATH extra=(--recipes paper)
-  if [ "$version" = old ]; then root=$OLD path=$OLD/src:$PYTHONPATH extra=(); fi
-  (cd "$root" && PYTHONPATH=$path MASR_BENCH_DATA=$CSV timeout 300 "$PY" \
-    "$OLDPWD/benchmarks/kernel_count.py" --json "$OUT/kernels-$version.json" -- \
+for v in old new; do
+  stage "what one MDR step launches, $v version"
+  version "$v"
+  (cd "$ROOT" && PYTHONPATH=$VPATH MASR_BENCH_DATA=$CSV timeout 300 "$PY" \
+    "$OLDPWD/benchmarks/kernel_count.py" --json "$OUT/kernels-$v.json" -- \
     benchmarks/bench_train.py "${WHERE[@]}" --models mdr --batch-sizes default --max-seconds 3 \
-    "${extra[@]}" 2>&1 | grep -v "^ *\[" | grep -A14 '"per_step"')
+    "${EXTRA[@]}" 2>&1 | grep -v "^ *\[" | grep -A14 '"per_step"')
 done
 
 stage "done"

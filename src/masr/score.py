@@ -406,8 +406,8 @@ def _adjacent(lf: pl.LazyFrame, read_rows: int) -> bool:
             first, tail = ids[0], ids[-1]
             if last is not None and first == last:
                 ids = ids.filter(ids != last)  # the previous chunk's last playlist goes on
-            hashes = ids.unique().hash(seed=0).to_numpy()
-            if np.isin(hashes, done).any():
+            _, hashes, again = _seen(ids, done)
+            if again.any():
                 return False
             done = np.union1d(done, hashes)
             last = tail
@@ -463,10 +463,16 @@ def _complete_playlists(batches: Iterable[pl.DataFrame], path: Path) -> Iterator
         yield carry
 
 
+def _seen(ids: pl.Series, done: np.ndarray) -> tuple[pl.Series, np.ndarray, np.ndarray]:
+    """The distinct playlist ``ids``, their hashes, and which of them ``done`` (hashes of the
+    playlists met before) already holds."""
+    distinct = ids.unique()
+    hashes = distinct.hash(seed=0).to_numpy()
+    return distinct, hashes, np.isin(hashes, done)
+
+
 def _check_new(frame: pl.DataFrame, done: np.ndarray, path: Path) -> np.ndarray:
-    ids = frame["playlist"].unique()
-    hashes = ids.hash(seed=0).to_numpy()
-    again = np.isin(hashes, done)
+    ids, hashes, again = _seen(frame["playlist"], done)
     if again.any():
         pid = ids.filter(pl.Series(again))[0]
         raise MasrError(

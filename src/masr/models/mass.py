@@ -889,12 +889,11 @@ class MASS(Recommender):
         candidate vectors ``s_out``, ``s_att`` (Vc, d) shared by every group -> (B, Vc), or
         with ``own`` (B,) the group's songs (G, L, d), each row taking its own slot's -> (B, 1).
         Eager: compiled, it took longer per step on 2 cores and 35 s more to compile."""
-        assert self.att_query is not None
-        _, w1_s = self._split(self.query)
-        _, w2_s = self._split(self.att_query)
+        h_out, h_att = self._song_halves(s_out, s_att)
+        assert h_att is not None  # the grouped path is taken with an attention query only
         # eqs. 12 and 16 per playlist and candidate                                 (G, Vc, d)
-        q = (a_out + F.linear(s_out, w1_s, self.query.bias)).relu_()
-        q_att = (a_att + F.linear(s_att, w2_s, self.att_query.bias)).relu_()
+        q = (a_out + h_out).relu_()
+        q_att = (a_att + h_att).relu_()
         q_norm = weighted_sum(q * q, side["w_out"])  # (G, Vc)  |B3⊙q|²
         pooled = shared_slot_pool(
             q_att, side["att_w2"], side["att_norm"], q, side["out_w"], side["out_norm"],
