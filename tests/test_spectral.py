@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from masr.dataset import PreparedData
 from masr.errors import MasrError
 from masr.models.mass import MASS, MASSConfig
-from masr.spectral import POPULARITY_DAMPING, training_factors
+from masr.spectral import POPULARITY_DAMPING, split_signs, training_factors
 from masr_cli.main import app
 
 
@@ -71,6 +71,48 @@ def test_mass_svd_start_is_item_based(planted: PreparedData) -> None:
     s = songs[:5].unsqueeze(0).expand(2, 5, 8)
     q = model._queries(model.query, model._context(users, users), s)
     assert torch.allclose(q, s)
+
+
+def test_split_signs_against_a_loop() -> None:
+    torch.manual_seed(3)
+    f = torch.randn(6, 3)
+    out = split_signs(f, 7)
+    assert out.shape == (6, 7) and bool((out >= 0).all())
+    for i in range(6):
+        for j in range(3):
+            x = float(f[i, j])
+            assert float(out[i, j]) == (x if x > 0 else 0.0)
+            assert float(out[i, 3 + j]) == (-x if x < 0 else 0.0)
+        assert float(out[i, 6]) == 0.0  # the padding
+    # no offset: each row keeps its factors' norm
+    assert torch.allclose(out.norm(dim=1), f.norm(dim=1))
+    # distances: |f_a - f_b|² less 2|f_a||f_b| where the signs differ, never more
+    for a in range(6):
+        for b in range(6):
+            exact = float((f[a] - f[b]).square().sum())
+            cross = sum(2 * abs(float(f[a, j] * f[b, j]))
+                        for j in range(3) if float(f[a, j] * f[b, j]) < 0)
+            assert float((out[a] - out[b]).square().sum()) == pytest.approx(exact - cross, abs=1e-5)
+    with pytest.raises(ValueError, match="do not fit"):
+        split_signs(f, 5)
+
+
+def test_mass_svd_split_start_has_no_offset(planted: PreparedData) -> None:
+    torch.manual_seed(0)
+    model = MASS(MASSConfig(dim=8, song_init="svd-split"), planted.n_users,
+                 planted.n_playlists, planted.n_songs)
+    model.init_from_data(planted)
+    songs = model.song_emb.weight.detach()
+    _, factors = training_factors(planted, 4)
+    assert torch.equal(songs, split_signs(factors, 8))
+    assert torch.equal(model.att_song_emb.weight, songs)
+    assert not model.user_emb.weight.any() and not model.att_user_emb.weight.any()
+    # the song rows are as long as the factors' rows: nothing added to every song
+    assert torch.allclose(songs.norm(dim=1), factors.norm(dim=1), atol=1e-6)
+    users = torch.tensor([0, 1])
+    s = songs[:5].unsqueeze(0).expand(2, 5, 8)
+    q = model._queries(model.query, model._context(users, users), s)
+    assert torch.allclose(q, s)  # eq. 12 starts as the identity, as with "svd"
 
 
 def test_random_start_is_left_alone(planted: PreparedData) -> None:

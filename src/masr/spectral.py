@@ -28,8 +28,10 @@ from torch import Tensor
 if TYPE_CHECKING:
     from masr.dataset import PreparedData
 
-#: the song inits a model config accepts: "random" (N(0, σ²), the paper's) or "svd"
-SONG_INITS = ("random", "svd")
+#: the song inits a model config accepts: "random" (N(0, σ²), the paper's); "svd" (rank d, each
+#: coordinate shifted to be non-negative); "svd-split" (rank d/2, each factor split into its
+#: positive and negative parts: non-negative with no shift)
+SONG_INITS = ("random", "svd", "svd-split")
 #: n_s^(-β): the popularity damping of the training matrix's columns
 POPULARITY_DAMPING = 0.5
 #: random directions beyond the k kept (the randomised SVD's oversampling)
@@ -61,3 +63,17 @@ def training_factors(
     playlists[:, :rank] = u * half
     songs[:, :rank] = v * half
     return playlists, songs
+
+
+def split_signs(factors: Tensor, width: int) -> Tensor:
+    """(V, width) non-negative rows [max(f, 0), max(-f, 0)] from factors (V, k), 2k <= width,
+    zero-padded: no coordinate is negative and no row gets an offset (|row| = |f|). For two
+    songs the squared distance is |f_a - f_b|² less 2 |f_a,j| |f_b,j| for every coordinate j
+    where their signs differ, so songs close in the factors stay close."""
+    n, k = factors.shape
+    if 2 * k > width:
+        raise ValueError(f"split_signs: 2 * {k} factors do not fit in {width} coordinates")
+    out = torch.zeros(n, width, dtype=factors.dtype)
+    out[:, :k] = factors.clamp_min(0.0)
+    out[:, k : 2 * k] = factors.neg().clamp_min(0.0)
+    return out

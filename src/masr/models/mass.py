@@ -118,7 +118,8 @@ class MASSConfig(ModelConfig):
     context: str = "user"  # MASS_CONTEXTS: "user" (MASS_us), "playlist", "user+playlist"
     attention: str = "mem-metric"  # ATTENTIONS: the paper's memory metric-based attention
     # "random": the song tables start N(0, σ²) as the others; "svd": from the training matrix's
-    # truncated SVD (masr.spectral), shifted so that every coordinate is >= 0, users at 0
+    # truncated SVD (masr.spectral), shifted so that every coordinate is >= 0, users at 0;
+    # "svd-split": rank d/2, each factor split into its positive and negative parts (no shift)
     song_init: str = "random"
 
     def __post_init__(self) -> None:
@@ -535,19 +536,27 @@ class MASS(Recommender):
                     lin.bias.zero_()
 
     def init_from_data(self, data: PreparedData, seed: int = 0) -> None:
-        """``song_init="svd"``: the song tables (S, and S^(a) of the attention memory) start
-        from the training matrix's song factors (``masr.spectral.training_factors``, rank d),
-        each coordinate shifted by its minimum over the catalog so that none is negative, and
-        the context tables (U, P and their memory twins) at 0. With the query's [-I | I] start
-        (eq. 12: q = ReLU(s_k - c)), ReLU is then the identity and every distance of eqs.
-        14-17 starts as the member songs' distance to the candidate in the factors' space: an
-        item-based start (shifting both sides changes no distance). "random": nothing."""
-        if self.config.song_init != "svd":
+        """``song_init="svd"`` or ``"svd-split"``: the song tables (S, and S^(a) of the attention
+        memory) start from the training matrix's song factors (``masr.spectral``), made
+        non-negative, and the context tables (U, P and their memory twins) at 0. With the
+        query's [-I | I] start (eq. 12: q = ReLU(s_k - c)), ReLU is then the identity and every
+        distance of eqs. 14-17 starts as the member songs' distance to the candidate in the
+        factors' space: an item-based start. "svd": rank d, each coordinate shifted by its
+        minimum over the catalog (shifting both sides changes no distance, but every row gets
+        an offset); "svd-split": rank d/2, each factor split into its positive and negative
+        parts (``split_signs``: no offset, distances between songs of opposite signs shrink).
+        "random": nothing."""
+        if self.config.song_init not in ("svd", "svd-split"):
             return
-        from masr.spectral import training_factors
+        from masr.spectral import split_signs, training_factors
 
-        _, songs = training_factors(data, self.config.dim, seed=seed)
-        songs = songs - songs.min(0).values  # (V, d), every coordinate >= 0
+        d = self.config.dim
+        if self.config.song_init == "svd":
+            _, songs = training_factors(data, d, seed=seed)
+            songs = songs - songs.min(0).values  # (V, d), every coordinate >= 0
+        else:
+            _, factors = training_factors(data, max(d // 2, 1), seed=seed)
+            songs = split_signs(factors, d) if d >= 2 else factors.clamp_min(0.0)
         with torch.no_grad():
             for table in (self.song_emb, self.att_song_emb):
                 if table is not None:
