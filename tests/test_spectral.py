@@ -125,17 +125,18 @@ def test_random_start_is_left_alone(planted: PreparedData) -> None:
         MASSConfig(song_init="pca")
 
 
-def test_train_cli_starts_mass_from_the_svd(planted_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("init", ["svd", "svd-split"])
+def test_train_cli_starts_mass_from_the_svd(planted_dir: Path, tmp_path: Path, init: str) -> None:
     runs = tmp_path / "runs"
     args = ["train", "--model", "amass", "--data", str(planted_dir), "--runs", str(runs),
             "--epochs", "1", "--adv-epochs", "1", "--neg", "16", "--batch-size", "32",
-            "--threads", "1", "--set", "mass.song_init=svd"]
+            "--threads", "1", "--set", f"mass.song_init={init}"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     info = json.loads((runs / "mass" / "run.json").read_text())
-    assert info["model_config"]["song_init"] == "svd"
+    assert info["model_config"]["song_init"] == init
     ckpt = torch.load(runs / "mass" / "best.pt", weights_only=True)
-    assert ckpt["config"]["song_init"] == "svd"
+    assert ckpt["config"]["song_init"] == init
     amass = json.loads((runs / "amass" / "run.json").read_text())
     assert amass["status"] == "finished"
     # the same command again resumes nothing and replaces nothing: the runs are reused
