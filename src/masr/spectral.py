@@ -77,3 +77,18 @@ def split_signs(factors: Tensor, width: int) -> Tensor:
     out[:, :k] = factors.clamp_min(0.0)
     out[:, k : 2 * k] = factors.neg().clamp_min(0.0)
     return out
+
+
+def song_start(data: PreparedData, dim: int, init: str, seed: int = 0) -> Tensor | None:
+    """The (V, dim) non-negative song table a ``song_init`` asks for, None for "random".
+    "svd": the rank-dim factors, each coordinate shifted by its minimum over the catalog
+    (shifting both sides changes no distance, but every row gets an offset); "svd-split":
+    the rank-dim/2 factors through ``split_signs`` (no offset; with dim 1 the positive part
+    alone)."""
+    if init == "svd":
+        _, songs = training_factors(data, dim, seed=seed)
+        return songs - songs.min(0).values  # every coordinate >= 0
+    if init == "svd-split":
+        _, factors = training_factors(data, max(dim // 2, 1), seed=seed)
+        return split_signs(factors, dim) if dim >= 2 else factors.clamp_min(0.0)
+    return None

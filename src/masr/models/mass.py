@@ -545,18 +545,12 @@ class MASS(Recommender):
         minimum over the catalog (shifting both sides changes no distance, but every row gets
         an offset); "svd-split": rank d/2, each factor split into its positive and negative
         parts (``split_signs``: no offset, distances between songs of opposite signs shrink).
-        "random": nothing."""
-        if self.config.song_init not in ("svd", "svd-split"):
-            return
-        from masr.spectral import split_signs, training_factors
+        "random": nothing (``masr.spectral.song_start``)."""
+        from masr.spectral import song_start
 
-        d = self.config.dim
-        if self.config.song_init == "svd":
-            _, songs = training_factors(data, d, seed=seed)
-            songs = songs - songs.min(0).values  # (V, d), every coordinate >= 0
-        else:
-            _, factors = training_factors(data, max(d // 2, 1), seed=seed)
-            songs = split_signs(factors, d) if d >= 2 else factors.clamp_min(0.0)
+        songs = song_start(data, self.config.dim, self.config.song_init, seed=seed)  # (V, d)
+        if songs is None:
+            return
         with torch.no_grad():
             for table in (self.song_emb, self.att_song_emb):
                 if table is not None:

@@ -178,14 +178,16 @@ def _build(
         train_cfg = replace(train_cfg, epochs=options.adversarial.epochs, lr=apr_lr)
 
     resume_state = None
+    # the run on disk's signature, with the fields an earlier masr did not record filled in
+    made = upgraded(info.get("signature", {}), sig) if info is not None else {}
     can_resume = (
         resume
         and info is not None
         and (run_dir / "last.pt").is_file()
-        and resumable(upgraded(info.get("signature", {}), sig)) == resumable(sig)
+        and resumable(made) == resumable(sig)
     )
     if resume and not can_resume and info is not None and (run_dir / "last.pt").is_file():
-        changed = differences(resumable(upgraded(info.get("signature", {}), sig)), resumable(sig))
+        changed = differences(resumable(made), resumable(sig))
         raise MasrError(
             f"{run_dir / 'last.pt'}: cannot --resume, made with other data or options "
             f"({', '.join(changed[:4]) or 'unknown'}); pass the same options or drop --resume"
@@ -228,7 +230,7 @@ def _build(
                 "replaced (--resume would have continued it)")
         if info is not None and info.get("status") == "finished":
             # say so before a finished run (maybe hours of training) is overwritten
-            changed = differences(upgraded(info.get("signature", {}), sig), sig)
+            changed = differences(made, sig)
             why = f"other data or options ({', '.join(changed[:4])})" if changed else "asked for"
             log(f"{run}: replacing the finished run in {run_dir}: {why}")
         clear(run_dir)
