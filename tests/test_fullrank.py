@@ -436,6 +436,28 @@ def test_attentive_pool_equals_the_plain_formula_with_gradients(n_rows: int) -> 
         assert torch.equal(attentive_pool(*inputs, n_rows), fused.detach())
 
 
+def test_square_norm_equals_the_plain_formula_with_gradients() -> None:
+    """|B⊙q|² of eq. 15 in one autograd node: a written-out loop's values, and the gradients
+    of q and of the metric's weights w = B² as plain autograd gives them, in float64."""
+    from masr.models.mass import square_norm
+
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 4, 6, generator=gen, dtype=torch.float64).relu().requires_grad_()
+    w = torch.rand(6, generator=gen, dtype=torch.float64).requires_grad_()
+    upstream = torch.randn(3, 4, generator=gen, dtype=torch.float64)
+    fused = square_norm(q, w)
+    loop = torch.tensor([[sum(float(w[j]) * float(q[g, c, j]) ** 2 for j in range(6))
+                          for c in range(4)] for g in range(3)], dtype=torch.float64)
+    assert torch.allclose(fused.detach(), loop, atol=1e-12)
+    g_fused = torch.autograd.grad((fused * upstream).sum(), (q, w))
+    g_plain = torch.autograd.grad(((q * q * w).sum(-1) * upstream).sum(), (q, w))
+    for a, b in zip(g_fused, g_plain, strict=True):
+        assert torch.allclose(a, b, atol=1e-12)
+    assert torch.autograd.gradcheck(square_norm, (q, w))
+    with torch.no_grad():  # scoring: the plain formula, the same values
+        assert torch.allclose(square_norm(q, w), fused.detach(), atol=1e-12)
+
+
 OWN_SHARED_CASES = [("mass", {"attention": a}) for a in ("mem-metric", "mem-dot", "nonmem-metric",
                                                           "none")]
 OWN_SHARED_CASES += [("mdr", {"terms": t}) for t in ("ups", "us", "ps")]
