@@ -289,7 +289,9 @@ def command(
             help="Fusion weight of MDR in MASR/AMASR (eq. 20); MASS gets 1-α. 'auto': chosen "
             "on the validation split among 0, 0.25, 0.5, 0.75 and 1 by the --select "
             "protocol (a tie keeps the weight nearest the paper's 0.5); run.json records "
-            "every weight's figures, and masr export serves the chosen one.",
+            "every weight's figures, and masr export serves the chosen one. Not given, with "
+            "--time-limit under the default recipe (fullrank): auto, since a budget can cut "
+            "MASS's training short and the 0.5 fusion then ranks below its MDR part.",
         ),
     ] = str(ALPHA),
     entity: Annotated[

@@ -523,6 +523,25 @@ def test_a_fusion_made_from_an_earlier_part_is_flagged(tmp_path: Path) -> None:
     assert "amasr was made from an earlier amdr and amass" in legacy.stderr
 
 
+def test_a_time_limit_chooses_the_fusion_weight_on_validation(tmp_path: Path) -> None:
+    """`masr train --time-limit` under the default recipe: the fusion chooses α on validation
+    as with --alpha auto (a budget may end MASS's training early); --alpha given keeps its
+    weight, and so does --recipe paper (the paper's fixed 0.5)."""
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    for runs, extra, auto in (("budget", [], True), ("given", ["--alpha", "0.5"], False),
+                              ("paper", ["--recipe", "paper"], False)):
+        said = _ok(["train", "--model", "masr", "--data", str(data), "--runs",
+                    str(tmp_path / runs), *TINY, "--time-limit", "600", *extra])
+        info = json.loads((tmp_path / runs / "masr" / "run.json").read_text())
+        assert ("α of eq. 20 chosen on validation" in said.stderr) is auto, runs
+        assert info["signature"]["alpha"] == ("auto" if auto else 0.5), runs
+        assert ("alpha_search" in info) is auto, runs
+        chosen = load_checkpoint(tmp_path / runs / "masr" / "best.pt")["alpha"]
+        assert chosen == info["alpha"] and (auto or chosen == 0.5), runs
+
+
 def test_alpha_auto_chooses_the_fusion_weight_on_validation(
     amasr_runs: tuple[Path, Path, str], tmp_path: Path
 ) -> None:

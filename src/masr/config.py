@@ -309,6 +309,13 @@ CPU_RECIPES: dict[str, dict[str, dict[str, Any]]] = {
 #: own defaults (the paper recipe's) unless --recipe names one.
 DEFAULT_RECIPE = "fullrank"
 BASELINE_RECIPE = "paper"
+#: recipes whose fusions choose eq. 20's α on validation (as ``--alpha auto``) when the runs
+#: have a --time-limit and --alpha is not given. The paper's fixed α = 0.5 weighs two parts
+#: trained to early stopping; a budget can end MASS's training after an epoch or two, and the
+#: α = 0.5 fusion then ranks below its MDR part: on AOTM-2011 with 120 s a run the served
+#: AMASR's test full hit@10 went 0.0413 → 0.0523 with the weight chosen on validation
+#: (docs/training.md, "`--alpha auto`"). Without a time limit the paper's 0.5 stays.
+AUTO_ALPHA_ON_BUDGET = frozenset({"fullrank"})
 
 
 #: the model settings that have options of their own (``--dim``, ``--entity``): always in
@@ -386,12 +393,16 @@ class RunOptions:
             plain = k.partition(".")[2] or k
             if ("model", plain) not in given and _unset(model, plain) and _unset(model, k):
                 model[k] = v
+        # a budget's fusions choose their α on validation (AUTO_ALPHA_ON_BUDGET)
+        on_budget = name in AUTO_ALPHA_ON_BUDGET and self.train.time_limit > 0
+        alpha_search = self.alpha_search or (on_budget and ("", "alpha") not in given)
         return replace(
             self,
             train=replace(self.train, **train),
             adversarial=replace(self.adversarial, **adversarial),
             model=model,
             model_train=model_train,
+            alpha_search=alpha_search,
             recipe=name,
         )
 
