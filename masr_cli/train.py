@@ -256,7 +256,8 @@ def command(
             "epoch's validation (the first one's estimated before training); when it would "
             "take more than a quarter of the limit, or longer than the first epoch's "
             "training and a twentieth of the limit, fewer --valid-sample cases are ranked "
-            "(stderr says how many).",
+            "(stderr says how many). Under the default recipe a limit also makes the "
+            "fusions choose --alpha on validation unless it is given.",
         ),
     ] = _T.time_limit,
     sparse: Annotated[
