@@ -256,8 +256,7 @@ def command(
             "epoch's validation (the first one's estimated before training); when it would "
             "take more than a quarter of the limit, or longer than the first epoch's "
             "training and a twentieth of the limit, fewer --valid-sample cases are ranked "
-            "(stderr says how many). Under the default recipe a limit also makes the "
-            "fusions choose --alpha on validation unless it is given.",
+            "(stderr says how many).",
         ),
     ] = _T.time_limit,
     sparse: Annotated[
@@ -290,9 +289,9 @@ def command(
             help="Fusion weight of MDR in MASR/AMASR (eq. 20); MASS gets 1-α. 'auto': chosen "
             "on the validation split among 0, 0.25, 0.5, 0.75 and 1 by the --select "
             "protocol (a tie keeps the weight nearest the paper's 0.5); run.json records "
-            "every weight's figures, and masr export serves the chosen one. Not given, with "
-            "--time-limit under the default recipe (fullrank): auto, since a budget can cut "
-            "MASS's training short and the 0.5 fusion then ranks below its MDR part.",
+            "every weight's figures, and masr export serves the chosen one. Not given: auto "
+            "under the default recipe (fullrank), the paper's fixed 0.5 under --recipe paper.",
+            show_default=False,
         ),
     ] = str(ALPHA),
     entity: Annotated[

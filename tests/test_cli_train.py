@@ -69,7 +69,11 @@ def test_train_amasr_leaves_six_evaluable_runs(amasr_runs: tuple[Path, Path, str
     assert len(info["history"]) == 1 and info["best"]["epoch"] == 1
     fused = load_checkpoint(runs / "amasr" / "best.pt")
     assert fused["model"] == "masr" and fused["parts"] == ["amdr", "amass"]
-    assert fused["alpha"] == 0.5
+    from masr.config import ALPHA_GRID
+
+    info = json.loads((runs / "amasr" / "run.json").read_text())
+    assert fused["alpha"] == info["alpha"] in ALPHA_GRID  # chosen on validation (fullrank)
+    assert info["signature"]["alpha"] == "auto" and "alpha_search" in info
 
     result = _ok(["evaluate", "--data", str(data), "--runs", str(runs), "--json", "-"])
     metrics = json.loads(result.stdout)
@@ -523,17 +527,18 @@ def test_a_fusion_made_from_an_earlier_part_is_flagged(tmp_path: Path) -> None:
     assert "amasr was made from an earlier amdr and amass" in legacy.stderr
 
 
-def test_a_time_limit_chooses_the_fusion_weight_on_validation(tmp_path: Path) -> None:
-    """`masr train --time-limit` under the default recipe: the fusion chooses α on validation
-    as with --alpha auto (a budget may end MASS's training early); --alpha given keeps its
+def test_the_default_recipe_chooses_the_fusion_weight_on_validation(tmp_path: Path) -> None:
+    """`masr train` without --alpha under the default recipe: the fusion chooses α on
+    validation as with --alpha auto (with or without a --time-limit); --alpha given keeps its
     weight, and so does --recipe paper (the paper's fixed 0.5)."""
     from conftest import write_planted
 
     data = write_planted(tmp_path / "data")
-    for runs, extra, auto in (("budget", [], True), ("given", ["--alpha", "0.5"], False),
+    for runs, extra, auto in (("default", [], True), ("budget", ["--time-limit", "600"], True),
+                              ("given", ["--alpha", "0.5"], False),
                               ("paper", ["--recipe", "paper"], False)):
         said = _ok(["train", "--model", "masr", "--data", str(data), "--runs",
-                    str(tmp_path / runs), *TINY, "--time-limit", "600", *extra])
+                    str(tmp_path / runs), *TINY, *extra])
         info = json.loads((tmp_path / runs / "masr" / "run.json").read_text())
         assert ("α of eq. 20 chosen on validation" in said.stderr) is auto, runs
         assert info["signature"]["alpha"] == ("auto" if auto else 0.5), runs

@@ -281,24 +281,25 @@ def test_recipe_paper_is_the_old_default(tmp_path: Path) -> None:
     assert histories[0] == histories[1]
 
 
-def test_a_budget_chooses_the_fusion_weight_under_the_default_recipe() -> None:
-    """With --time-limit, the fullrank recipe's fusions choose eq. 20's α on validation unless
-    --alpha is given; without a limit, and under the paper recipe, α stays the paper's 0.5.
-    --resume keeps what the run was started with."""
-    from masr.config import AUTO_ALPHA_ON_BUDGET
+def test_the_default_recipe_chooses_the_fusion_weight_on_validation() -> None:
+    """Under the fullrank recipe the fusions choose eq. 20's α on validation unless --alpha is
+    given; the paper recipe keeps the paper's fixed 0.5, and --alpha auto searches under any
+    recipe. --resume keeps what the run was started with."""
+    from masr.config import AUTO_ALPHA_RECIPES
 
-    assert AUTO_ALPHA_ON_BUDGET == {"fullrank"}
+    assert AUTO_ALPHA_RECIPES == {"fullrank"}
+    assert RunOptions().with_recipe("fullrank", set(), "cpu").alpha_search
     budget = RunOptions(train=TrainConfig(time_limit=120.0))
-    assert budget.with_recipe("fullrank", {"time_limit"}, "cpu").alpha_search
-    assert not RunOptions().with_recipe("fullrank", set(), "cpu").alpha_search
-    assert not budget.with_recipe("paper", {"time_limit"}, "cpu").alpha_search
+    assert budget.with_recipe("fullrank", {"time_limit"}, "cuda").alpha_search
+    paper = RunOptions().with_recipe("paper", set(), "cpu")
+    assert not paper.alpha_search and paper.alpha == 0.5
     fixed = replace(budget, alpha=0.5).with_recipe("fullrank", {"time_limit", "alpha"}, "cpu")
     assert not fixed.alpha_search and fixed.alpha == 0.5
-    auto = replace(budget, alpha_search=True).with_recipe("paper", {"alpha"}, "cpu")
-    assert auto.alpha_search  # --alpha auto is kept under any recipe
-    started = RunOptions().with_recipe("fullrank", set(), "cpu")  # no limit: α 0.5
-    resumed = budget.with_recipe("fullrank", {"time_limit"}, "cpu").merged(started, set())
-    assert not resumed.alpha_search
+    auto = RunOptions(alpha_search=True).with_recipe("paper", {"alpha"}, "cpu")
+    assert auto.alpha_search
+    started = RunOptions(alpha=0.75).with_recipe("fullrank", {"alpha"}, "cpu")
+    resumed = RunOptions().with_recipe("fullrank", set(), "cpu").merged(started, set())
+    assert not resumed.alpha_search and resumed.alpha == 0.75
 
 
 def test_default_recipe_is_fullrank_for_masr_models_and_sized_for_the_device(
