@@ -60,7 +60,7 @@ def _recipe_text(name: str, cpu: bool = False) -> str:
     """``--loss softmax --neg 1024 ...``: what recipe ``name`` sets, as options (``cpu``: only
     what it sets otherwise on a CPU)."""
     recipe = CPU_RECIPES.get(name, {}) if cpu else RECIPES[name]
-    values = {**recipe.get("train", {}), **recipe.get("adversarial", {})}
+    values = {**recipe.get("train", {}), **recipe.get("adversarial", {}), **recipe.get("", {})}
     text = []
     for key, value in values.items():
         scope, dot, name = key.rpartition(".")

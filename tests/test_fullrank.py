@@ -285,9 +285,7 @@ def test_the_default_recipe_chooses_the_fusion_weight_on_validation() -> None:
     """Under the fullrank recipe the fusions choose eq. 20's α on validation unless --alpha is
     given; the paper recipe keeps the paper's fixed 0.5, and --alpha auto searches under any
     recipe. --resume keeps what the run was started with."""
-    from masr.config import AUTO_ALPHA_RECIPES
-
-    assert AUTO_ALPHA_RECIPES == {"fullrank"}
+    assert RECIPES["fullrank"][""] == {"alpha": "auto"} and "" not in RECIPES["paper"]
     assert RunOptions().with_recipe("fullrank", set(), "cpu").alpha_search
     budget = RunOptions(train=TrainConfig(time_limit=120.0))
     assert budget.with_recipe("fullrank", {"time_limit"}, "cuda").alpha_search

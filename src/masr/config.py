@@ -259,7 +259,8 @@ OPTION_PATHS: dict[str, tuple[str, str]] = {
 
 #: Training recipes: values that ``--recipe NAME`` gives every option not set on the command
 #: line, as {section: {field: value}} over ``RunOptions`` (sections "train", "adversarial" and
-#: "model", the last applied to every model whose config has the field).
+#: "model", the last applied to every model whose config has the field; "" for the fusions'
+#: ``alpha``: a weight, or "auto" for ``alpha_search``).
 #: "paper": the paper's recipe (eq. 21 against the closest of 4 uniform negatives, epochs chosen
 #: by the sampled protocol) = the plain defaults of the configs above.
 #: "fullrank": trained for whole-catalog ranking, what `masr score` does: sampled softmax over
@@ -288,6 +289,14 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
         # 0.703 / 0.0655 (1.5, 3 and 4 lower); higher on the embedded data too
         # (docs/training.md, "APR's noise size under fullrank")
         "adversarial": {"eps": 2.0},
+        # the fusions' α of eq. 20 chosen on validation (as --alpha auto) instead of the
+        # paper's fixed 0.5; the paper leaves α to a development set and fixes 0.5 in its
+        # experiments. On test splits read once after the choice (docs/training.md, "`--alpha
+        # auto`"): AOTM-2011's CPU chain chose 0.75, AMASR full hit@10 0.0510 → 0.0593 and
+        # sampled 0.711 → 0.722 (case by case: p = 0.0008); three time budgets, where MASS
+        # gets an epoch or two, chose 0.75-1 (+0.009-0.010 full); the embedded data's six
+        # fusions over three seeds kept 0.5 four times
+        "": {"alpha": "auto"},
     },
 }
 #: Recipe values that replace the above on a CPU: 1,024 shared negatives make a MASS step 10-15x
@@ -309,14 +318,6 @@ CPU_RECIPES: dict[str, dict[str, dict[str, Any]]] = {
 #: own defaults (the paper recipe's) unless --recipe names one.
 DEFAULT_RECIPE = "fullrank"
 BASELINE_RECIPE = "paper"
-#: recipes whose fusions choose eq. 20's α on validation (as ``--alpha auto``) unless --alpha
-#: is given; the paper recipe keeps the paper's fixed 0.5. The paper leaves α to a development
-#: set ("α can be tuned using a development dataset") and fixes 0.5 in its experiments. Measured
-#: on test splits read once after the choice (docs/training.md, "`--alpha auto`"): AOTM-2011's
-#: CPU chain chose 0.75, AMASR full hit@10 0.0510 → 0.0593 (sampled 0.711 → 0.722); three
-#: time budgets, where MASS gets an epoch or two, chose 0.75-1, +0.009-0.010; the embedded
-#: data's chains over three seeds kept 0.5 twice (and chose 0 once, 0.3767 → 0.3745).
-AUTO_ALPHA_RECIPES = frozenset({"fullrank"})
 
 
 #: the model settings that have options of their own (``--dim``, ``--entity``): always in
@@ -394,18 +395,18 @@ class RunOptions:
             plain = k.partition(".")[2] or k
             if ("model", plain) not in given and _unset(model, plain) and _unset(model, k):
                 model[k] = v
-        # the recipe's fusions choose their α on validation unless --alpha is given
-        alpha_search = self.alpha_search or (
-            name in AUTO_ALPHA_RECIPES and ("", "alpha") not in given
-        )
+        top: dict[str, Any] = {}
+        if "alpha" in recipe.get("", {}) and ("", "alpha") not in given:
+            alpha = recipe[""]["alpha"]
+            top = {"alpha_search": True} if alpha == "auto" else {"alpha": check_alpha(alpha)}
         return replace(
             self,
             train=replace(self.train, **train),
             adversarial=replace(self.adversarial, **adversarial),
             model=model,
             model_train=model_train,
-            alpha_search=alpha_search,
             recipe=name,
+            **top,
         )
 
     def train_for(self, model: str) -> TrainConfig:
