@@ -384,6 +384,38 @@ def test_exported_file_matches_pytorch_on_known_and_new_playlists(
     assert_top_k(songs, scores, ref, 10)
 
 
+@pytest.mark.parametrize(("alpha", "part"), [(1.0, "mdr"), (0.0, "mass")])
+def test_a_fusion_weight_of_one_or_zero_exports_the_weighted_part_alone(
+    tmp_path: Path, planted_dir: Path, alpha: float, part: str
+) -> None:
+    """At α 1 (or 0) eq. 20 is its MDR (MASS) part: the export holds that part's graph alone
+    and ranks exactly as the fusion at that weight, known and new playlists alike."""
+    runs = make_runs(tmp_path / "runs", planted_dir, ("amdr", "amass"))
+    notes: list[str] = []
+    meta = export_model(runs, tmp_path / "a.onnx", ExportConfig(alpha=alpha),
+                        log=notes.append).metadata
+    assert meta["model"] == "amasr" and meta["alpha"] == alpha and meta["dims"] == {part: DIM}
+    assert any("gives the" in n and "no weight" in n for n in notes), notes
+    both = export_model(runs, tmp_path / "b.onnx", ExportConfig(alpha=0.5)).metadata
+    assert set(both["dims"]) == {"mdr", "mass"}
+    assert (tmp_path / "a.onnx").stat().st_size < (tmp_path / "b.onnx").stat().st_size
+    data = load_prepared(planted_dir)
+    from masr.checkpoint import load_model
+
+    mdr, mass = (load_model(runs / r / "best.pt")[0] for r in ("amdr", "amass"))
+    sess = ort.InferenceSession(str(tmp_path / "a.onnx"), providers=["CPUExecutionProvider"])
+    rows = np.arange(0, data.n_playlists, 3)
+    lengths = np.diff(data.indptr)[rows]
+    members = np.full((len(rows), lengths.max()), -1)
+    for i, p in enumerate(rows):
+        members[i, : lengths[i]] = data.playlist_songs(p)
+    users = data.playlist_user[rows]
+    unknown = -np.ones_like(rows)
+    for u, p in ((users, rows), (unknown, unknown)):
+        songs, scores = run(sess, u, p, members, 10)
+        assert_top_k(songs, scores, reference(mdr, mass, alpha, u, p, members), 10)
+
+
 def test_export_chooses_masr_without_adversarial_parts_and_honours_options(
     tmp_path: Path, planted_dir: Path
 ) -> None:

@@ -124,6 +124,12 @@ def export_model(
         raise MasrError(f"--alpha: {kind} is one part; α weights the parts of amasr/masr only")
     else:
         alpha = 1.0 if mass is None else 0.0
+    if mdr is not None and mass is not None and alpha in (0.0, 1.0) and not config.candidates:
+        # eq. 20 gives one part no weight (a weight chosen on validation, or --alpha): the other
+        # part's graph alone ranks the same, without ranking the catalog by the unused one
+        unused = "mass" if alpha == 1.0 else "mdr"
+        say(f"α {alpha:g}: eq. 20 gives the {unused} part no weight; exporting the other alone")
+        mdr, mass = (mdr, None) if alpha == 1.0 else (None, mass)
     if config.candidates is not None and (mdr is None or mass is None):
         raise MasrError(
             f"--candidates: {kind} is one part; the two-stage graph proposes with MDR and "
