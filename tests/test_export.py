@@ -302,6 +302,17 @@ def test_unknown_user_drop_mode_leaves_the_user_term_out() -> None:
 # -- export_model: from a runs directory to exported/ ---------------------------------------------
 
 
+def playlist_rows(data, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # noqa: ANN001
+    """Every ``step``-th prepared playlist: its ids (R,), users (R,) and training songs (R, L),
+    padded with -1, as the exported graph takes them."""
+    rows = np.arange(0, data.n_playlists, step)
+    lengths = np.diff(data.indptr)[rows]
+    members = np.full((len(rows), lengths.max()), -1)
+    for i, p in enumerate(rows):
+        members[i, : lengths[i]] = data.playlist_songs(p)
+    return rows, data.playlist_user[rows], members
+
+
 def make_runs(root: Path, data_dir: Path, runs: tuple[str, ...] = ("amdr", "amass")) -> Path:
     """Checkpoints with random weights (no training needed to test the export), as masr train
     writes them: runs/<run>/best.pt and run.json recording the data path."""
@@ -363,12 +374,7 @@ def test_exported_file_matches_pytorch_on_known_and_new_playlists(
 
     model, _ = load_model(runs / "amasr" / "best.pt")
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    rows = np.arange(0, data.n_playlists, 3)
-    lengths = np.diff(data.indptr)[rows]
-    members = np.full((len(rows), lengths.max()), -1)
-    for i, p in enumerate(rows):
-        members[i, : lengths[i]] = data.playlist_songs(p)
-    users = data.playlist_user[rows]
+    rows, users, members = playlist_rows(data, 3)
     m = torch.from_numpy(members)
     batch = Batch(torch.from_numpy(users), torch.from_numpy(rows), m.clamp_min(0), m >= 0)
     with torch.no_grad():
@@ -404,12 +410,7 @@ def test_a_fusion_weight_of_one_or_zero_exports_the_weighted_part_alone(
 
     mdr, mass = (load_model(runs / r / "best.pt")[0] for r in ("amdr", "amass"))
     sess = ort.InferenceSession(str(tmp_path / "a.onnx"), providers=["CPUExecutionProvider"])
-    rows = np.arange(0, data.n_playlists, 3)
-    lengths = np.diff(data.indptr)[rows]
-    members = np.full((len(rows), lengths.max()), -1)
-    for i, p in enumerate(rows):
-        members[i, : lengths[i]] = data.playlist_songs(p)
-    users = data.playlist_user[rows]
+    rows, users, members = playlist_rows(data, 3)
     unknown = -np.ones_like(rows)
     for u, p in ((users, rows), (unknown, unknown)):
         songs, scores = run(sess, u, p, members, 10)

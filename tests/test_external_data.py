@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from test_export import make_runs, run
+from test_export import make_runs, playlist_rows, run
 from typer.testing import CliRunner
 
 from masr.checkpoint import load_model
@@ -60,12 +60,7 @@ def test_a_model_past_the_limit_writes_its_weights_beside_it(exports) -> None:
 def test_same_top_10_as_the_one_file_export_and_as_pytorch(exports, planted_dir: Path) -> None:
     runs, single, split = exports
     data = load_prepared(planted_dir)
-    rows = np.arange(0, data.n_playlists, 2)
-    lengths = np.diff(data.indptr)[rows]
-    members = np.full((len(rows), lengths.max()), -1)
-    for i, p in enumerate(rows):
-        members[i, : lengths[i]] = data.playlist_songs(p)
-    users = data.playlist_user[rows]
+    rows, users, members = playlist_rows(data, 2)
     outs = []
     for path in (single, split):
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
