@@ -466,7 +466,8 @@ def command(
         table.add_row(
             o.run,
             o.action,
-            str(o.best_epoch),
+            # a fusion has no epochs: its row shows the weight of eq. 20 it serves
+            str(o.best_epoch) if o.alpha is None else f"α {o.alpha:g}",
             *(f"{m.get(k, float('nan')):.4f}" for m in (o.valid, o.valid_full)
               for k in ("hit@10", "ndcg@10")),
             f"{o.seconds:.1f}",

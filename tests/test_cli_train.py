@@ -587,6 +587,8 @@ def test_alpha_auto_chooses_the_fusion_weight_on_validation(
     assert fused["alpha"] == chosen and fused["config"]["alpha"] == chosen
     again = _ok([*base, "--alpha", "auto"])
     assert "masr: reusing" in again.stderr  # the plain fusion, chosen the same way before
+    # the summary table shows each fusion's weight where a trained run shows its best epoch
+    assert f"α {chosen:g} " in again.stderr
     _ok([*base, "--alpha", "0.5"])
     info = json.loads((runs / "amasr" / "run.json").read_text())
     assert info["alpha"] == 0.5 and "alpha_search" not in info

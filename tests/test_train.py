@@ -376,6 +376,22 @@ def test_train_run_reuses_matching_dependencies(planted: PreparedData, tmp_path:
     assert train_run("amdr", planted, tmp_path, changed)[0].action == "trained"
 
 
+def test_a_fusions_outcome_names_its_weight(planted: PreparedData, tmp_path: Path) -> None:
+    """masr train's summary table says which α of eq. 20 a fusion serves."""
+    opts = RunOptions(
+        train=TrainConfig(epochs=1, **FAST), model={"dim": 8}, device="cpu", alpha=0.75
+    )
+    first = train_run("masr", planted, tmp_path, opts)
+    assert [(o.run, o.action, o.alpha) for o in first] == [
+        ("mdr", "trained", None), ("mass", "trained", None), ("masr", "fused", 0.75)
+    ]
+    # a weight chosen on validation: the one run.json records
+    auto = RunOptions(**{**opts.__dict__, "alpha_search": True})
+    chosen = train_run("masr", planted, tmp_path, auto)[-1]
+    assert chosen.action == "fused"
+    assert chosen.alpha == json.loads((tmp_path / "masr" / "run.json").read_text())["alpha"]
+
+
 def test_device_resolution() -> None:
     assert resolve_device("cpu") == torch.device("cpu")
     if not torch.cuda.is_available():

@@ -65,6 +65,7 @@ class RunOutcome:
     valid: dict[str, float]  # sampled-protocol validation of the best epoch
     seconds: float
     valid_full: dict[str, float] = field(default_factory=dict)  # full ranking, same epoch
+    alpha: float | None = None  # a fusion's eq. 20 weight (given, or chosen on validation)
 
 
 def train_run(
@@ -133,8 +134,10 @@ def _reused(
         return None
     best = info.get("best", {})
     log(f"{run}: reusing {run_dir} (same data and configuration)")
+    alpha = info.get("alpha")
     return RunOutcome(
-        run, "reused", best.get("epoch", 0), best.get("valid", {}), 0.0, best.get("valid_full", {})
+        run, "reused", best.get("epoch", 0), best.get("valid", {}), 0.0,
+        best.get("valid_full", {}), None if alpha is None else float(alpha),
     )
 
 
@@ -422,7 +425,10 @@ def _save_single(
     }
     write_run_json(run_dir, info)
     action = "fused" if spec.procedure == "fuse" else "fitted"
-    return RunOutcome(run, action, 0, valid, seconds, valid_full)
+    alpha = extra_info.get("alpha")
+    return RunOutcome(
+        run, action, 0, valid, seconds, valid_full, None if alpha is None else float(alpha)
+    )
 
 
 def _fit(
