@@ -386,7 +386,7 @@ def test_a_fusions_outcome_names_its_weight(planted: PreparedData, tmp_path: Pat
         ("mdr", "trained", None), ("mass", "trained", None), ("masr", "fused", 0.75)
     ]
     # a weight chosen on validation: the one run.json records
-    auto = RunOptions(**{**opts.__dict__, "alpha_search": True})
+    auto = replace(opts, alpha_search=True)
     chosen = train_run("masr", planted, tmp_path, auto)[-1]
     assert chosen.action == "fused"
     assert chosen.alpha == json.loads((tmp_path / "masr" / "run.json").read_text())["alpha"]
