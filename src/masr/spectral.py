@@ -83,8 +83,8 @@ def song_start(data: PreparedData, dim: int, init: str, seed: int = 0) -> Tensor
     """The (V, dim) non-negative song table a ``song_init`` asks for, None for "random".
     "svd": the rank-dim factors, each coordinate shifted by its minimum over the catalog
     (shifting both sides changes no distance, but every row gets an offset); "svd-split":
-    the rank-dim/2 factors through ``split_signs`` (no offset; with dim 1 the positive part
-    alone)."""
+    the rank-dim/2 factors through ``split_signs`` (no offset, but distances between songs of
+    opposite signs shrink; with dim 1 the positive part alone)."""
     if init == "svd":
         _, songs = training_factors(data, dim, seed=seed)
         return songs - songs.min(0).values  # every coordinate >= 0

@@ -575,11 +575,8 @@ class MASS(Recommender):
         non-negative, and the context tables (U, P and their memory twins) at 0. With the
         query's [-I | I] start (eq. 12: q = ReLU(s_k - c)), ReLU is then the identity and every
         distance of eqs. 14-17 starts as the member songs' distance to the candidate in the
-        factors' space: an item-based start. "svd": rank d, each coordinate shifted by its
-        minimum over the catalog (shifting both sides changes no distance, but every row gets
-        an offset); "svd-split": rank d/2, each factor split into its positive and negative
-        parts (``split_signs``: no offset, distances between songs of opposite signs shrink).
-        "random": nothing (``masr.spectral.song_start``)."""
+        factors' space: an item-based start. How each variant makes the factors non-negative:
+        ``masr.spectral.song_start``. "random": nothing."""
         from masr.spectral import song_start
 
         songs = song_start(data, self.config.dim, self.config.song_init, seed=seed)  # (V, d)

@@ -134,10 +134,9 @@ def _reused(
         return None
     best = info.get("best", {})
     log(f"{run}: reusing {run_dir} (same data and configuration)")
-    alpha = info.get("alpha")
     return RunOutcome(
         run, "reused", best.get("epoch", 0), best.get("valid", {}), 0.0,
-        best.get("valid_full", {}), None if alpha is None else float(alpha),
+        best.get("valid_full", {}), info.get("alpha"),
     )
 
 
@@ -425,10 +424,7 @@ def _save_single(
     }
     write_run_json(run_dir, info)
     action = "fused" if spec.procedure == "fuse" else "fitted"
-    alpha = extra_info.get("alpha")
-    return RunOutcome(
-        run, action, 0, valid, seconds, valid_full, None if alpha is None else float(alpha)
-    )
+    return RunOutcome(run, action, 0, valid, seconds, valid_full, extra_info.get("alpha"))
 
 
 def _fit(
