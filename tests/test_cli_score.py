@@ -109,6 +109,52 @@ def test_score_writes_csv_on_stdout_and_the_summary_on_stderr(tmp_path: Path, mo
     assert "ONNX Runtime on CPU" in result.stderr
 
 
+def test_export_folds_new_playlists_in_through_maps_unless_asked_for_the_mean(
+    tmp_path: Path, planted_dir: Path
+) -> None:
+    """The default export fits the fold-in maps (recorded in its metadata); `--fold-in mean`
+    keeps the plain mean. Known playlists score the same under both, new ones differ. Too few
+    training playlists for the maps: the mean, said on stderr and in the metadata."""
+    from test_export import make_runs
+
+    from masr.onnx_format import sidecar
+
+    runs = make_runs(tmp_path / "runs", planted_dir, ("mdr", "mass"))  # d 4: 36 suffice
+    exported = {}
+    for mode in ("map", "mean"):
+        out = tmp_path / f"{mode}.onnx"
+        fold = [] if mode == "map" else ["--fold-in", "mean"]
+        result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(out), *fold])
+        assert result.exit_code == 0, result.stderr
+        exported[mode] = out
+    meta = json.loads(sidecar(exported["map"], "json").read_text())
+    assert meta["fold_in"]["mode"] == "map" and meta["fold_in"]["playlists"] == 36
+    assert json.loads(sidecar(exported["mean"], "json").read_text())["fold_in"] == {"mode": "mean"}
+    known, new = tmp_path / "known.csv", tmp_path / "new.csv"
+    known.write_text("user_id,playlist_id,track_id\nu0,p0,s1\nu0,p0,s2\n")
+    new.write_text("user_id,playlist_id,track_id\nu0,fresh,s1\nu0,fresh,s2\n")
+    scored = {
+        (src.name, mode): runner.invoke(app, ["score", str(src), "--model", str(m)]).stdout
+        for src in (known, new)
+        for mode, m in exported.items()
+    }
+    assert scored["known.csv", "map"] == scored["known.csv", "mean"]
+    assert scored["new.csv", "map"] != scored["new.csv", "mean"]
+
+
+def test_export_of_a_small_catalog_folds_in_by_the_mean_and_says_so(
+    tmp_path: Path, runs: Path
+) -> None:
+    """d = 8 on 36 playlists: too few to fit the maps (4 per coefficient row)."""
+    from masr.onnx_format import sidecar
+
+    out = tmp_path / "m.onnx"
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(out)])
+    assert result.exit_code == 0 and "too few training playlists" in result.stderr
+    meta = json.loads(sidecar(out, "json").read_text())
+    assert meta["fold_in"]["mode"] == "mean" and "too few" in meta["fold_in"]["why"]
+
+
 def test_score_reads_standard_input_as_a_file(tmp_path: Path, model: Path) -> None:
     """INPUT `-`: the same CSV as from the file, plain or gzipped; an empty stream is one
     error line naming standard input (not the spool file)."""
@@ -153,6 +199,7 @@ def test_score_out_file_and_defaults_from_the_working_directory(
             ["score", "{tmp}/in.csv", "--model", "{model}", "--track-col", "uri"],
             "missing column 'uri'",
         ),
+        (["score", "{tmp}/in.csv", "--model", "{model}", "--out", "{tmp}/in.csv"], "is the input"),
         (["export", "--runs", "{tmp}/runs"], "no such directory"),
         (["export", "--runs", "{runs}", "--model", "amasr"], "no trained amasr"),
         (["export", "--runs", "{runs}", "--alpha", "2"], "--alpha 2.0: must be between 0 and 1"),
@@ -165,18 +212,20 @@ def test_errors_are_one_line_with_exit_1(
     (tmp_path / "odd.csv").write_text("owner,pid,uri\nu0,p0,s1\n")
     out = tmp_path / "o.csv"
     filled = [a.format(tmp=tmp_path, model=model, runs=runs) for a in args]
-    result = runner.invoke(app, [*filled, *(["--out", str(out)] if args[0] == "score" else [])])
+    given_out = args[0] == "score" and "--out" not in args
+    result = runner.invoke(app, [*filled, *(["--out", str(out)] if given_out else [])])
     assert result.exit_code == 1, (result.stdout, result.stderr)
     assert result.stderr.startswith("masr: error: ") and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert not out.exists()
+    assert (tmp_path / "in.csv").read_text() == ROWS  # never overwritten
 
 
 def test_help_teaches_the_options() -> None:
     for command, options in (
         ("score", ["--model", "--k", "--out", "--device", "--batch-size", "--user-col",
                    "--playlist-col", "--track-col", "--engine", "--format", "--workers"]),
-        ("export", ["--runs", "--model", "--alpha", "--out", "--chunk"]),
+        ("export", ["--runs", "--model", "--alpha", "--out", "--chunk", "--fold-in"]),
     ):  # fmt: skip
         result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
         assert result.exit_code == 0

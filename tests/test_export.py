@@ -28,6 +28,7 @@ from masr.export import (
     metadata_of,
     sidecar,
 )
+from masr.foldin import FoldInMaps, fit_playlist_maps
 from masr.models.base import Batch
 from masr.models.masr import MASR
 from masr.models.mass import MASS, MASSConfig
@@ -76,10 +77,12 @@ def reference(
     playlists,
     members,
     unknown_user: str = "members",
+    maps: FoldInMaps | None = None,
 ) -> np.ndarray:
     """(B, V) fused distances, row by row straight from the paper's equations, in float64;
-    members +inf. Fold-in and fallbacks as documented in masr.export; a repeated member is
-    two slots, as in the models (masr score removes repeats before the graph)."""
+    members +inf. Fold-in and fallbacks as documented in masr.export (a new playlist through
+    ``maps`` when given: [mean, u, 1] W_u with a known user, [mean, 1] W_0 without); a repeated
+    member is two slots, as in the models (masr score removes repeats before the graph)."""
     n_songs = (mdr if mdr is not None else mass).n_songs
     rows = []
     for user, playlist, slots in zip(users, playlists, np.asarray(members).tolist(), strict=True):
@@ -89,9 +92,16 @@ def reference(
             S = mdr.song_emb.weight.double()  # (V, d)
             mean = S[songs].mean(0) if songs else None
             u = mdr.user_emb.weight[user].double() if user >= 0 else None
+            p = mdr.playlist_emb.weight[playlist].double() if playlist >= 0 else mean
+            if playlist < 0 and songs and maps is not None:
+                if u is not None:
+                    p = torch.cat([mean, u, torch.ones(1, dtype=torch.float64)])
+                    p = p @ torch.from_numpy(maps.with_user).double()
+                else:
+                    p = torch.cat([mean, torch.ones(1, dtype=torch.float64)])
+                    p = p @ torch.from_numpy(maps.without_user).double()
             if u is None and unknown_user == "members":
                 u = mean
-            p = mdr.playlist_emb.weight[playlist].double() if playlist >= 0 else mean
             o_mdr = mdr.song_bias.weight.double()[:, 0].clone()  # θ_s
             if u is not None:  # |B1 ⊙ (u - s)|²
                 o_mdr += ((mdr.metric_user.double() * (u - S)) ** 2).sum(1)
@@ -147,6 +157,26 @@ FUSED = session(
         n_playlists=N_PLAYLISTS,
         n_songs=N_SONGS,
         chunk=5,  # several chunks and a padded last one
+    )
+)
+#: fold-in maps of no particular fit: the graph must apply whatever maps it is given
+_maps_rng = np.random.default_rng(5)
+MAPS = FoldInMaps(
+    with_user=_maps_rng.normal(size=(2 * DIM + 1, DIM)).astype(np.float32),
+    without_user=_maps_rng.normal(size=(DIM + 1, DIM)).astype(np.float32),
+    playlists=0,
+    r2=0.0,
+)
+FUSED_MAPS = session(
+    build_graph(
+        mdr_weights(MDR_PART),
+        mass_weights(MASS_PART),
+        ALPHA,
+        n_users=N_USERS,
+        n_playlists=N_PLAYLISTS,
+        n_songs=N_SONGS,
+        chunk=5,
+        fold_in=MAPS,
     )
 )
 
@@ -262,6 +292,10 @@ def test_any_batch_matches_the_reference(case) -> None:
     users, playlists, members, k = case
     songs, scores = run(FUSED, users, playlists, members, k)
     assert_top_k(songs, scores, reference(MDR_PART, MASS_PART, ALPHA, users, playlists, members), k)
+    # with fold-in maps: new playlists through them, known playlists as before
+    songs, scores = run(FUSED_MAPS, users, playlists, members, k)
+    ref = reference(MDR_PART, MASS_PART, ALPHA, users, playlists, members, maps=MAPS)
+    assert_top_k(songs, scores, ref, k)
 
 
 @pytest.mark.parametrize("part", ["mdr", "mass"])
@@ -311,6 +345,16 @@ def playlist_rows(data, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     for i, p in enumerate(rows):
         members[i, : lengths[i]] = data.playlist_songs(p)
     return rows, data.playlist_user[rows], members
+
+
+def fitted_maps(mdr: MDR, data) -> FoldInMaps:  # noqa: ANN001
+    """The fold-in maps ``masr export`` fits for ``mdr`` on ``data``'s training playlists."""
+    w = mdr_weights(mdr)
+    maps = fit_playlist_maps(
+        w.song, w.user, w.playlist, data.playlist_user, data.indptr, data.train_song
+    )
+    assert maps is not None
+    return maps
 
 
 def make_runs(root: Path, data_dir: Path, runs: tuple[str, ...] = ("amdr", "amass")) -> Path:
@@ -373,6 +417,10 @@ def test_exported_file_matches_pytorch_on_known_and_new_playlists(
     from masr.checkpoint import load_model
 
     model, _ = load_model(runs / "amasr" / "best.pt")
+    # new playlists are folded in through the maps fitted on the training playlists (the
+    # default), refitted here from the same tables: the fit is deterministic
+    maps = fitted_maps(model.mdr, data)
+    assert meta["fold_in"] == {"mode": "map", "playlists": maps.playlists, "r2": round(maps.r2, 4)}
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     rows, users, members = playlist_rows(data, 3)
     m = torch.from_numpy(members)
@@ -383,11 +431,18 @@ def test_exported_file_matches_pytorch_on_known_and_new_playlists(
     songs, scores = run(sess, users, rows, members, 10)
     assert (songs == torch.topk(-want, 10).indices.numpy()).all()
     np.testing.assert_allclose(scores, -np.sort(want.numpy(), 1)[:, :10], rtol=1e-4, atol=1e-4)
-    # the same playlists as new ones (unknown playlist and user ids)
+    # the same playlists as new ones: unknown playlist ids, with their known users and without
     unknown = -np.ones_like(rows)
-    songs, scores = run(sess, unknown, unknown, members, 10)
-    ref = reference(model.mdr, model.mass, 0.25, unknown, unknown, members)
-    assert_top_k(songs, scores, ref, 10)
+    for user_ids in (users, unknown):
+        songs, scores = run(sess, user_ids, unknown, members, 10)
+        ref = reference(model.mdr, model.mass, 0.25, user_ids, unknown, members, maps=maps)
+        assert_top_k(songs, scores, ref, 10)
+    # --fold-in mean: the plain mean of the songs, and nothing fitted
+    plain = export_model(runs, tmp_path / "mean.onnx", ExportConfig(fold_in="mean")).metadata
+    assert plain["fold_in"] == {"mode": "mean"} and plain["export_id"] != meta["export_id"]
+    sess = ort.InferenceSession(str(tmp_path / "mean.onnx"), providers=["CPUExecutionProvider"])
+    songs, scores = run(sess, users, unknown, members, 10)
+    assert_top_k(songs, scores, reference(model.mdr, model.mass, 0.25, users, unknown, members), 10)
 
 
 @pytest.mark.parametrize(("alpha", "part"), [(1.0, "mdr"), (0.0, "mass")])
@@ -412,9 +467,12 @@ def test_a_fusion_weight_of_one_or_zero_exports_the_weighted_part_alone(
     sess = ort.InferenceSession(str(tmp_path / "a.onnx"), providers=["CPUExecutionProvider"])
     rows, users, members = playlist_rows(data, 3)
     unknown = -np.ones_like(rows)
-    for u, p in ((users, rows), (unknown, unknown)):
+    maps = fitted_maps(mdr, data) if part == "mdr" else None  # the MDR part's new playlists
+    fold = None if maps is None else {"mode": "map", "playlists": maps.playlists}
+    assert meta["fold_in"] == (fold and {**fold, "r2": round(maps.r2, 4)})
+    for u, p in ((users, rows), (unknown, unknown), (users, unknown)):
         songs, scores = run(sess, u, p, members, 10)
-        assert_top_k(songs, scores, reference(mdr, mass, alpha, u, p, members), 10)
+        assert_top_k(songs, scores, reference(mdr, mass, alpha, u, p, members, maps=maps), 10)
 
 
 def test_export_chooses_masr_without_adversarial_parts_and_honours_options(

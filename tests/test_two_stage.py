@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from test_export import (
     ALPHA,
     FUSED,
+    MAPS,
     MASS_PART,
     MDR_PART,
     N_PLAYLISTS,
@@ -27,7 +28,7 @@ from masr.models.base import Batch
 from masr.models.masr import MASR
 
 
-def two_stage_graph(n: int, alpha: float = ALPHA):
+def two_stage_graph(n: int, alpha: float = ALPHA, fold_in=None):  # noqa: ANN001
     return session(
         build_graph(
             mdr_weights(MDR_PART),
@@ -37,6 +38,7 @@ def two_stage_graph(n: int, alpha: float = ALPHA):
             n_playlists=N_PLAYLISTS,
             n_songs=N_SONGS,
             candidates=n,
+            fold_in=fold_in,
         )
     )
 
@@ -120,9 +122,15 @@ def test_any_batch_with_fold_in_matches_the_reference(case) -> None:
     got = run(TWO_STAGE, users, playlists, members, k, n)
     assert got[0].shape[1] == min(k, n, N_SONGS)
     assert_same(got, two_stage_reference(cheap, fused, min(n, N_SONGS), k))
+    # new playlists through fold-in maps: both stages see the mapped vector
+    cheap = reference(MDR_PART, None, 1.0, users, playlists, members, maps=MAPS)
+    fused = reference(MDR_PART, MASS_PART, ALPHA, users, playlists, members, maps=MAPS)
+    got = run(TWO_STAGE_MAPS, users, playlists, members, k, n)
+    assert_same(got, two_stage_reference(cheap, fused, min(n, N_SONGS), k))
 
 
 TWO_STAGE = two_stage_graph(6)
+TWO_STAGE_MAPS = two_stage_graph(6, fold_in=MAPS)
 
 
 @pytest.mark.parametrize("n", [N_SONGS, N_SONGS + 50])

@@ -47,6 +47,9 @@ EXPORT_KINDS = ("amasr", "masr", "mdr", "mass", "amdr", "amass")
 #: the exported MDR user term of a user the model never saw: the mean user vector of the
 #: playlist's known songs' listeners ("members"), or no user term ("drop")
 UNKNOWN_USER_MODES = ("members", "drop")
+#: how the export folds in a playlist MDR never saw: the maps fitted on the training playlists
+#: (``masr.foldin``), or the plain mean of its songs' vectors
+FOLD_IN_MODES = ("map", "mean")
 
 #: eq. 20's weight of MDR in the MASR / AMASR fusion (MASS gets 1 - ALPHA): the paper's 0.5
 ALPHA = 0.5
@@ -498,6 +501,7 @@ class ExportConfig:
     alpha: float | None = None  # eq. 20's MDR weight; None: the fusion run's, else ALPHA
     chunk: int = EXPORT_CHUNK  # catalog songs per MASS step of the graph
     unknown_user: str = "members"  # MDR user term of an unknown user: UNKNOWN_USER_MODES
+    fold_in: str = "map"  # MDR playlist vector of a new playlist: FOLD_IN_MODES
     data: Path | None = None  # prepared data for the id maps; None: found through run.json
     external_data: bool = False  # weights in NAME.onnx.weights even below the 2 GB limit
     candidates: int | None = None  # two-stage graph: MDR proposes N songs, the fusion re-ranks
@@ -512,6 +516,8 @@ class ExportConfig:
             raise MasrError(f"--chunk {self.chunk}: must be >= 1")
         if self.candidates is not None and self.candidates < 1:
             raise MasrError(f"--candidates {self.candidates}: must be >= 1")
+        if self.fold_in not in FOLD_IN_MODES:
+            raise MasrError(f"--fold-in {self.fold_in}: choose one of {_list(FOLD_IN_MODES)}")
         if self.unknown_user not in UNKNOWN_USER_MODES:
             raise MasrError(
                 f"unknown_user {self.unknown_user!r}: choose one of {UNKNOWN_USER_MODES}"

@@ -14,7 +14,8 @@ The graph scores the whole catalog for a batch of playlists and returns the K be
 
 Member songs are never returned (their distance is set to +inf before the top-K). Users and
 playlists the model never saw are folded in: an unknown playlist (and by default an unknown user)
-takes the mean of its members' MDR song vectors, an unknown MASS user the mean of each memory's
+folds in from its members' MDR song vectors (by default through the maps ``masr.foldin`` fits on
+the training playlists, else their mean), an unknown MASS user takes the mean of each memory's
 user table, and a playlist with no usable member ranks by user taste, then by popularity.
 
 Everything that does not depend on the playlist is precomputed as constants (GEMM form). Where
@@ -51,7 +52,7 @@ import onnx
 
 from masr import __version__
 from masr.atomic import atomic_group
-from masr.config import ALPHA, UNKNOWN_USER_MODES, ExportConfig
+from masr.config import ALPHA, FOLD_IN_MODES, UNKNOWN_USER_MODES, ExportConfig
 from masr.config import EXPORT_KINDS as KINDS
 from masr.errors import MasrError
 from masr.export import external
@@ -65,6 +66,7 @@ from masr.export.sources import (
     resolve_sources,
 )
 from masr.export.weights import MASSWeights, MDRWeights, mass_weights, mdr_weights
+from masr.foldin import FoldInMaps, fit_playlist_maps
 from masr.onnx_format import (
     CANDIDATES,
     FORMAT,
@@ -145,6 +147,7 @@ def export_model(
     data_dir = locate_data(runs_dir, sources, fingerprint, config.data)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     maps = read_id_maps(data_dir, sizes)
+    fold_in, fold_info = _fold_in(mdr_w, data_dir, config.fold_in, say)
 
     graph, arrays = graph_and_arrays(
         mdr_w,
@@ -153,6 +156,7 @@ def export_model(
         chunk=config.chunk,
         unknown_user=config.unknown_user,
         candidates=config.candidates,
+        fold_in=fold_in,
         **sizes,
     )
     del mdr_w, mass_w  # the tables live on in ``arrays`` until written, once
@@ -188,7 +192,9 @@ def export_model(
             files.append(sidecar(out, WEIGHTS))
         else:
             external.embed(graph, arrays)
-        metadata = _metadata(kind, alpha, dims, sizes, config, described, data, written, weights)
+        metadata = _metadata(
+            kind, alpha, dims, sizes, config, described, data, written, weights, fold_info
+        )
         for key, value in metadata.items():  # every value JSON-encoded (strings quoted)
             entry = graph.metadata_props.add()
             entry.key, entry.value = key, json.dumps(value)
@@ -224,6 +230,31 @@ def export_model(
     return ExportResult(path=out, metadata=metadata, files=files)
 
 
+def _fold_in(
+    mdr: MDRWeights | None, data_dir: Path, mode: str, say: Callable[[str], None]
+) -> tuple[FoldInMaps | None, dict[str, Any] | None]:
+    """The maps that fold a new playlist into MDR (``masr.foldin``) under ``--fold-in map``,
+    fitted on the prepared data's training playlists, and what the metadata says of them; no
+    maps under ``mean``, without an MDR part, or with too few playlists to fit (said)."""
+    if mdr is None:
+        return None, None
+    if mode == "mean":
+        return None, {"mode": "mean"}
+    from masr.dataset import load_prepared
+
+    data = load_prepared(data_dir)
+    if data.n_playlists != mdr.playlist.shape[0] or data.n_users != mdr.user.shape[0]:
+        raise MasrError(f"{data_dir}: not the prepared data the MDR part was trained on")
+    maps = fit_playlist_maps(
+        mdr.song, mdr.user, mdr.playlist, data.playlist_user, data.indptr, data.train_song
+    )
+    if maps is None:
+        say("too few training playlists to fit the fold-in maps: new playlists are folded in "
+            "as the mean of their songs")
+        return None, {"mode": "mean", "why": "too few training playlists for the maps"}
+    return maps, {"mode": "map", "playlists": maps.playlists, "r2": round(maps.r2, 4)}
+
+
 def _write_weights(
     graph: onnx.ModelProto, arrays: dict[str, np.ndarray], out: Path, tmp: Path
 ) -> dict[str, Any]:
@@ -245,6 +276,7 @@ def _metadata(
     data: dict[str, Any],
     id_maps: dict[str, dict[str, Any]],
     weights: dict[str, Any] | None = None,
+    fold_in: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What the export records about itself (in the graph and in the JSON next to it). Its
     ``export_id`` hashes what decides the scores, so a reader can tell sidecars of another export
@@ -260,6 +292,7 @@ def _metadata(
         "ir_version": IR_VERSION,
         "chunk": config.chunk,
         "unknown_user": config.unknown_user,
+        "fold_in": fold_in,
         "unknown_index": UNKNOWN,
         "candidates": config.candidates,
         "inputs": {**INPUTS, **(CANDIDATES if config.candidates else {})},
@@ -274,6 +307,8 @@ def _metadata(
     decides = [sources, alpha, config.chunk, config.unknown_user, id_maps]
     if config.candidates:  # only then, so that exact exports keep their ids
         decides.append({"candidates": config.candidates})
+    if fold_in is not None and fold_in["mode"] == "map":
+        decides.append({"fold_in": fold_in})
     identity = json.dumps(decides, sort_keys=True)
     metadata["export_id"] = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return metadata
@@ -295,6 +330,7 @@ __all__ = [
     "UNKNOWN_USER_MODES",
     "ExportConfig",
     "ExportResult",
+    "FOLD_IN_MODES",
     "MASSWeights",
     "MDRWeights",
     "Source",

@@ -6,7 +6,9 @@ MDR (eq. 11) in GEMM form, everything that does not depend on the playlist a con
                                       + |B1⊙u|² + |B2⊙p|²
 
 one (B, d+3) x (d+3, V) product. Fold-in of what the model never saw:
-* unknown playlist: p = mean of its members' song vectors, the exact minimiser of
+* unknown playlist: with the fitted maps of ``masr.foldin`` (``masr export``'s default),
+  p = [m, u, 1] · W_u for a known user u and [m, 1] · W_0 otherwise, m the mean of its members'
+  song vectors; without them (``--fold-in mean``), p = m, the exact minimiser of
   Σ_t |B2 ⊙ (p - s_t)|² (the playlist term of eq. 11 summed over its songs);
 * unknown user: by default the same mean (``unknown_user = "members"``, the minimiser of
   Σ_t |B1 ⊙ (u - s_t)|²); ``"drop"`` leaves the user term out. exported/README.md reports the
@@ -32,6 +34,7 @@ from masr.export.mass_graph import mass_distance, row_blocks
 from masr.export.onnx_builder import Graph, f32
 from masr.export.two_stage import mass_on_candidates
 from masr.export.weights import MASSWeights, MDRWeights
+from masr.foldin import FoldInMaps
 from masr.onnx_format import CANDIDATES, INPUTS, IR_VERSION, OPSET, OUTPUTS
 
 #: How an unknown user enters eq. 11: the mean of the playlist's members, or not at all.
@@ -56,6 +59,7 @@ def graph_and_arrays(
     chunk: int = EXPORT_CHUNK,
     unknown_user: str = "members",
     candidates: int | None = None,
+    fold_in: FoldInMaps | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The scoring graph for the given parts (at least one), its constants' initializers as
     shells, and their data by name: ``masr.export.external`` then embeds them (``embed``, what
@@ -64,7 +68,8 @@ def graph_and_arrays(
 
     With both parts the distance is eq. 20's α o_MDR + (1-α) o_MASS; with one part, that part's.
     ``candidates`` N (both parts needed) builds the two-stage graph instead (``two_stage``): MDR
-    proposes N songs per row, the fusion re-ranks them; N is the default of an extra input."""
+    proposes N songs per row, the fusion re-ranks them; N is the default of an extra input.
+    ``fold_in``: the maps that fold a new playlist into MDR (None: the mean of its songs)."""
     if mdr is None and mass is None:
         raise ValueError("build_graph needs MDR weights, MASS weights or both")
     w_mdr = alpha if mass is not None else 1.0
@@ -95,14 +100,18 @@ def graph_and_arrays(
     if candidates is not None:
         if mdr is None or mass is None:
             raise ValueError("a two-stage graph needs both parts (MDR proposes, MASR re-ranks)")
-        best, songs = _two_stage(g, mdr, mass, alpha, members_in, real, n_users, V, unknown_user)
+        best, songs = _two_stage(
+            g, mdr, mass, alpha, members_in, real, n_users, V, unknown_user, fold_in
+        )
         # the optional input: an initializer of the same name is its default (the export's N)
         (name,) = CANDIDATES
         inputs.append(helper.make_tensor_value_info(name, TensorProto.INT64, []))
         g.initializers.append(numpy_helper.from_array(np.array(candidates, np.int64), name))
     else:
         if mdr is not None:
-            distance = _mdr_distance(g, mdr, w_mdr, members_in, V + pad_cols, unknown_user)
+            distance = _mdr_distance(
+                g, mdr, w_mdr, members_in, V + pad_cols, unknown_user, fold_in
+            )
 
         if mass is not None:
             o_mass = mass_distance(g, mass, users, members, n_users, V, chunk, pad_cols)
@@ -158,6 +167,7 @@ def _two_stage(
     n_users: int,
     V: int,
     unknown_user: str,
+    fold_in: FoldInMaps | None,
 ) -> tuple[str, str]:
     """(best distances, songs) of the two-stage graph (``two_stage``): MDR's eq. 11 over the
     catalog, its N best non-members (N = the ``candidates`` input, at most V), then eq. 20 on
@@ -165,7 +175,7 @@ def _two_stage(
     proposes by MDR."""
     users, _, members, k = INPUTS
     (n_input,) = CANDIDATES
-    cheap = _mdr_distance(g, mdr, 1.0, m, V + 1, unknown_user)
+    cheap = _mdr_distance(g, mdr, 1.0, m, V + 1, unknown_user, fold_in)
     cheap = _exclude_members(g, cheap, real, V)  # (B, V)
     n_eff = g.op("Min", g.op("Reshape", n_input, g.ints(1)), g.ints(V))
     o_mdr, cand = g.op("TopK", cheap, n_eff, axis=1, largest=0, sorted=1, n_out=2)  # (B, N)
@@ -192,7 +202,13 @@ class _Members(NamedTuple):
 
 
 def _mdr_distance(
-    g: Graph, mdr: MDRWeights, w_mdr: float, m: _Members, n_cols: int, unknown_user: str
+    g: Graph,
+    mdr: MDRWeights,
+    w_mdr: float,
+    m: _Members,
+    n_cols: int,
+    unknown_user: str,
+    fold_in: FoldInMaps | None,
 ) -> str:
     """α · eq. 11 of every song for every row, with fold-in (module docstring): (B, n_cols),
     the columns past the catalog zero."""
@@ -225,8 +241,17 @@ def _mdr_distance(
 
     known_u, u_vec = lookup(mdr.user, users, "user")
     known_p, p_vec = lookup(mdr.playlist, playlists, "playlist")
-    # unknown playlist: p = mean of the members (minimises Σ_t |B2⊙(p - s_t)|²)
-    p_vec = g.op("Where", known_p, p_vec, s_mean, hint="p")
+    # unknown playlist: the fitted maps of masr.foldin, [m, u, 1] W_u for a known user and
+    # [m, 1] W_0 otherwise; without them the mean m (minimises Σ_t |B2⊙(p - s_t)|²)
+    p_new = s_mean
+    if fold_in is not None:
+        one_col = g.op("Expand", g.const("one_col", [[1.0]], np.float32), g.op("Shape", known_u))
+        by_songs = g.op("Concat", s_mean, one_col, axis=1)  # (B, d+1)
+        with_user = g.op("Concat", s_mean, u_vec, one_col, axis=1)  # (B, 2d+1)
+        p_no_user = g.op("MatMul", by_songs, g.const("fold_p", f32(fold_in.without_user)))
+        p_user = g.op("MatMul", with_user, g.const("fold_p_user", f32(fold_in.with_user)))
+        p_new = g.op("Where", known_u, p_user, p_no_user, hint="p_folded")
+    p_vec = g.op("Where", known_p, p_vec, p_new, hint="p")
     has_p = g.op("Or", known_p, m.has_members)
     if unknown_user == "members":  # same minimiser for Σ_t |B1⊙(u - s_t)|²
         u_vec = g.op("Where", known_u, u_vec, s_mean, hint="u")
