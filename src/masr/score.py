@@ -394,8 +394,8 @@ def _playlist_chunks(
 
 
 def _adjacent(lf: pl.LazyFrame, read_rows: int) -> bool:
-    """Whether every playlist's rows are adjacent across read chunks (one pass over the
-    playlist column; an input of one chunk always is)."""
+    """Whether every playlist's rows are adjacent, within and across read chunks (one pass
+    over the playlist column)."""
     done = np.empty(0, dtype=np.uint64)
     last = None
     try:
@@ -404,6 +404,9 @@ def _adjacent(lf: pl.LazyFrame, read_rows: int) -> bool:
                 continue
             ids = frame["playlist"]
             first, tail = ids[0], ids[-1]
+            runs = 1 + int(ids.slice(1).ne_missing(ids.slice(0, ids.len() - 1)).sum())
+            if runs != ids.n_unique():  # a playlist's rows apart within this chunk
+                return False
             if last is not None and first == last:
                 ids = ids.filter(ids != last)  # the previous chunk's last playlist goes on
             _, hashes, again = _seen(ids, done)
@@ -747,6 +750,9 @@ def check_paths(input: Path, out: str | Path | None, config: ScoreConfig) -> pl.
             )
     elif out is not None and Path(out).is_dir():
         raise MasrError(f"--out {out}: is a directory; give a file name")
+    elif out is not None and Path(out).exists() and Path(out).samefile(input):
+        # the output is written aside and renamed over its path: the input would be lost
+        raise MasrError(f"--out {out}: is the input; give another file name")
     return lf
 
 
