@@ -393,3 +393,18 @@ def test_lock_of_another_host_or_unreadable_is_never_broken(
         raise RuntimeError("boom")
     assert not lock.exists()  # released on an exception too
     assert lock_path(tmp_path / "data") == tmp_path / "data.lock"
+
+
+def test_a_command_that_fails_before_writing_leaves_no_empty_folders(tmp_path: Path) -> None:
+    """The lock makes its folders; a command that fails inside it (before writing anything)
+    leaves none of them behind, while a folder that was there, or got files, stays."""
+    from masr.lock import locked
+
+    out = tmp_path / "a" / "b" / "m.onnx.lock"
+    with pytest.raises(RuntimeError), locked(out, "masr export"):
+        assert out.is_file()
+        raise RuntimeError("failed before writing")
+    assert not (tmp_path / "a").exists() and tmp_path.is_dir()
+    with locked(out, "masr export"):
+        (tmp_path / "a" / "b" / "m.onnx").write_text("x")
+    assert (tmp_path / "a" / "b" / "m.onnx").is_file() and not out.exists()

@@ -61,6 +61,9 @@ def locked(
     """Hold the lock file ``path`` for the block (module docstring); ``command`` names the
     holder in other processes' errors, e.g. ``"masr train"``."""
     path = Path(path)
+    # the folders the lock creates: removed again when the block leaves them empty (a command
+    # that failed before writing anything leaves no empty output folder behind)
+    created = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
     mine = _acquire(path, command, warn or _warn)
     try:
         yield path
@@ -68,6 +71,11 @@ def locked(
         if _read(path, settle=0.0) == mine:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+        for folder in created:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (the command wrote there), or gone
+                break
 
 
 def _acquire(path: Path, command: str, warn: Callable[[str], None]) -> dict[str, Any]:
@@ -83,6 +91,9 @@ def _acquire(path: Path, command: str, warn: Callable[[str], None]) -> dict[str,
     while time.monotonic() < deadline:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:  # another command removed the empty folder it had made
+            path.parent.mkdir(parents=True, exist_ok=True)
+            continue
         except FileExistsError:
             holder = _read(path, settle=_SETTLE_S)
             if holder is None:  # released (or taken over) meanwhile: try again
