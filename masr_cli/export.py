@@ -107,9 +107,11 @@ def command(
     renamed together at the end, so a failed or interrupted export leaves the former one whole;
     parent folders are created.
 
-    Example: masr export --runs runs --out exported/masr.onnx
-    For CUDA scoring: masr export --chunk 65536 --out exported/masr-cuda.onnx
-    Two-stage, for large catalogs: masr export --candidates 1000 --out exported/masr-n1000.onnx
+    Examples:
+
+      masr export --runs runs --out exported/masr.onnx
+      masr export --chunk 65536 --out exported/masr-cuda.onnx         # for CUDA scoring
+      masr export --candidates 1000 --out exported/masr-n1000.onnx    # two-stage, large catalogs
     """
     from masr.export import ExportConfig, export_model
     from masr.lock import lock_path, locked
