@@ -10,7 +10,8 @@ MDR folds in from their songs (masr.foldin). This measures that case:
         them
     masr train --model amasr --data aotm-new --runs runs-new ...   (and itemknn, pop)
     python benchmarks/new_playlists.py evaluate --data aotm --holdout aotm-new --runs runs-new
-        [--mdr amdr] [--mass amass] [--baseline itemknn] [--split valid] [--json F]
+        [--mdr amdr] [--mass amass] [--baseline itemknn] [--split valid] [--new-users]
+        [--json F]
         the held-out playlists' cases of --split, each ranked against the whole catalog (their
         training songs as members and excluded, as in the full protocol), by the MDR run under
         each fold-in (the plain mean; the fitted maps), the MASS run, their eq. 20 fusion at
@@ -128,15 +129,26 @@ def evaluate(args: argparse.Namespace) -> int:
             closed = torch.zeros(len(rows), full.n_songs, dtype=torch.bool)
             closed[torch.arange(len(rows))[:, None].expand_as(members)[mask], members[mask]] = True
             batch = Batch(u, p, members, mask, index)
-            o_mass = mass.full_distance(batch) if mass is not None else None
+            if mass is None:
+                o_mass = None
+            elif args.new_users:  # as the export folds an unknown user into MASS: mean rows
+                o_mass = mass.full_distance_from_vectors(
+                    mass.user_emb.weight.mean(0).expand(len(rows), -1),
+                    mass.att_user_emb.weight.mean(0).expand(len(rows), -1),
+                    members,
+                    mask,
+                )
+            else:
+                o_mass = mass.full_distance(batch)
             if o_mass is not None:
                 count("mass", o_mass, y, closed)
             if mdr is not None:
                 mean = (w["song"][members] * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
-                u_vec = w["user"][u]
+                # a new user: the mean of the songs, as the export's default (unknown_user members)
+                u_vec = mean if args.new_users else w["user"][u]
                 folds = {"mean": mean}
                 if maps is not None:
-                    known = np.ones(len(rows), dtype=bool)  # the held-out playlists' users trained
+                    known = np.full(len(rows), not args.new_users)
                     folds["map"] = torch.as_tensor(
                         fold_playlists(maps, mean.numpy(), u_vec.numpy(), known)
                     )
@@ -151,6 +163,7 @@ def evaluate(args: argparse.Namespace) -> int:
     n = len(pick)
     out = {
         "split": args.split, "cases": n, "held_out_playlists": len(held),
+        "users": "new (folded in)" if args.new_users else "known",
         "mdr": args.mdr, "mass": args.mass,
         "fold_in_map": None if maps is None else {"playlists": maps.playlists,
                                                   "r2": round(maps.r2, 4)},
@@ -247,6 +260,8 @@ def main(argv: list[str]) -> int:
     e.add_argument("--baseline", action="append", default=[], help="a baseline run (repeat)")
     e.add_argument("--split", default="valid", choices=("valid", "test"))
     e.add_argument("--cases", type=int, default=0, help="at most this many (seeded); 0 = all")
+    e.add_argument("--new-users", action="store_true",
+                   help="score the held-out playlists as if their users were new too")
     e.add_argument("--batch", type=int, default=250)
     e.add_argument("--threads", type=int, default=1, help="0 = torch's default")
     e.add_argument("--json", default="")
