@@ -110,8 +110,10 @@ def command(
     Examples:
 
       masr export --runs runs --out exported/masr.onnx
-      masr export --chunk 65536 --out exported/masr-cuda.onnx         # for CUDA scoring
-      masr export --candidates 1000 --out exported/masr-n1000.onnx    # two-stage, large catalogs
+
+      masr export --chunk 65536 --out exported/masr-cuda.onnx      # CUDA
+
+      masr export --candidates 1000 --out exported/n1000.onnx      # two-stage
     """
     from masr.export import ExportConfig, export_model
     from masr.lock import lock_path, locked
