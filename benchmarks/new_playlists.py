@@ -18,7 +18,8 @@ MDR folds in from their songs (masr.foldin). This measures that case:
         each α of the grid and every baseline; one JSON line (and --json)
 
     python benchmarks/new_playlists.py score --data aotm --holdout aotm-new
-        --model exported/a.onnx [--model exported/b.onnx ...] [--split valid] [--json F]
+        --model exported/a.onnx [--model exported/b.onnx ...] [--split valid] [--new-users]
+        [--json F]
         the same cases through the user's path: the held-out playlists' training songs
         written as a `masr score` input (original ids, each playlist under a new id, so that
         it is folded in), `masr score` run on each exported model, hit@10 of the held-out song
@@ -78,7 +79,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
     from masr.checkpoint import load_model
     from masr.dataset import load_prepared
-    from masr.foldin import fit_playlist_maps, fold_playlists
+    from masr.foldin import fit_playlist_maps, fold_playlists, fold_users
     from masr.models.base import Batch
     from masr.sampling import TrainingIndex
 
@@ -144,15 +145,16 @@ def evaluate(args: argparse.Namespace) -> int:
                 count("mass", o_mass, y, closed)
             if mdr is not None:
                 mean = (w["song"][members] * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
-                # a new user: the mean of the songs, as the export's default (unknown_user members)
+                # a new user (as the export, unknown_user "members"): from the same songs, their
+                # mean or the user map
                 u_vec = mean if args.new_users else w["user"][u]
-                folds = {"mean": mean}
+                folds = {"mean": (u_vec, mean)}
                 if maps is not None:
                     known = np.full(len(rows), not args.new_users)
-                    folds["map"] = torch.as_tensor(
-                        fold_playlists(maps, mean.numpy(), u_vec.numpy(), known)
-                    )
-                for fold, p_vec in folds.items():
+                    p_map = fold_playlists(maps, mean.numpy(), u_vec.numpy(), known)
+                    u_map = fold_users(maps, mean.numpy()) if args.new_users else u_vec
+                    folds["map"] = (torch.as_tensor(u_map), torch.as_tensor(p_map))
+                for fold, (u_vec, p_vec) in folds.items():
                     o_mdr = mdr.full_distance_from_vectors(u_vec, p_vec)
                     count(f"mdr fold-in {fold}", o_mdr, y, closed)
                     for a in ALPHAS if o_mass is not None else ():
@@ -205,17 +207,22 @@ def score(args: argparse.Namespace) -> int:
         "song_idx": full.train_song.astype(np.int32),
     }).join(target.select("playlist_idx", "user_idx"), on="playlist_idx")
     new_id = (pl.lit("new-") + pl.col("playlist_idx").cast(pl.Utf8)).alias(cols["playlist"])
+    user_id = pl.col("user_id")
+    if args.new_users:  # ids the model never saw: the users are folded in too
+        user_id = pl.lit("new-") + user_id
     given = (
         rows.join(users, on="user_idx").join(songs, on="song_idx")
         .sort("playlist_idx")
-        .select(pl.col("user_id").alias(cols["user"]), new_id,
-                pl.col("track_id").alias(cols["track"]))
+        .select(user_id.alias(cols["user"]), new_id, pl.col("track_id").alias(cols["track"]))
     )
     truth = target.join(songs, left_on="want_idx", right_on="song_idx").select(
         (pl.lit("new-") + pl.col("playlist_idx").cast(pl.Utf8)).alias("playlist_id"),
         pl.col("track_id").alias("want"),
     )
-    out: dict[str, object] = {"split": args.split, "cases": len(pick), "models": {}}
+    out: dict[str, object] = {
+        "split": args.split, "cases": len(pick), "users": "new" if args.new_users else "known",
+        "models": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         given_csv = Path(tmp) / "given.csv"
         given.write_csv(given_csv)
@@ -270,6 +277,7 @@ def main(argv: list[str]) -> int:
     c.add_argument("--holdout", required=True, help="the copy the runs were trained on")
     c.add_argument("--model", action="append", required=True, help="an exported ONNX (repeat)")
     c.add_argument("--split", default="valid", choices=("valid", "test"))
+    c.add_argument("--new-users", action="store_true", help="the users under new ids too")
     c.add_argument("--json", default="")
     args = parser.parse_args(argv)
     return {"holdout": holdout, "evaluate": evaluate, "score": score}[args.command](args)

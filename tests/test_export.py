@@ -81,7 +81,8 @@ def reference(
 ) -> np.ndarray:
     """(B, V) fused distances, row by row straight from the paper's equations, in float64;
     members +inf. Fold-in and fallbacks as documented in masr.export (a new playlist through
-    ``maps`` when given: [mean, u, 1] W_u with a known user, [mean, 1] W_0 without); a repeated
+    ``maps`` when given: [mean, u, 1] W_u with a known user, [mean, 1] W_0 without, and a new
+    user's u = [mean, 1] W_user); a repeated
     member is two slots, as in the models (masr score removes repeats before the graph)."""
     n_songs = (mdr if mdr is not None else mass).n_songs
     rows = []
@@ -101,7 +102,10 @@ def reference(
                     p = torch.cat([mean, torch.ones(1, dtype=torch.float64)])
                     p = p @ torch.from_numpy(maps.without_user).double()
             if u is None and unknown_user == "members":
-                u = mean
+                u = mean  # a new user: from the songs, through the user map when there is one
+                if songs and maps is not None and maps.user is not None:
+                    u = torch.cat([mean, torch.ones(1, dtype=torch.float64)])
+                    u = u @ torch.from_numpy(maps.user).double()
             o_mdr = mdr.song_bias.weight.double()[:, 0].clone()  # θ_s
             if u is not None:  # |B1 ⊙ (u - s)|²
                 o_mdr += ((mdr.metric_user.double() * (u - S)) ** 2).sum(1)
@@ -166,6 +170,7 @@ MAPS = FoldInMaps(
     without_user=_maps_rng.normal(size=(DIM + 1, DIM)).astype(np.float32),
     playlists=0,
     r2=0.0,
+    user=_maps_rng.normal(size=(DIM + 1, DIM)).astype(np.float32),
 )
 FUSED_MAPS = session(
     build_graph(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from masr.foldin import MIN_PLAYLISTS_PER_ROW, fit_playlist_maps, fold_playlists
+from masr.foldin import MIN_PLAYLISTS_PER_ROW, fit_playlist_maps, fold_playlists, fold_users
 
 D, N_USERS, N_SONGS = 3, 7, 40
 
@@ -41,6 +41,19 @@ def test_an_affine_relation_is_recovered_exactly() -> None:
     np.testing.assert_allclose(maps.without_user, lstsq, atol=1e-4)
     got = fold_playlists(maps, means, u, np.ones(200, dtype=bool))
     np.testing.assert_allclose(got, playlist, atol=1e-4)
+
+
+def test_the_user_map_is_least_squares_from_the_playlists_songs() -> None:
+    """A new user's u from the songs of the playlist scored: fitted on every training playlist
+    against its user's vector (users with several playlists count once per playlist)."""
+    song, user, playlist_user, indptr, train_song, means = tables(200)
+    playlist = np.zeros((200, D), dtype=np.float32)
+    maps = fit_playlist_maps(song, user, playlist, playlist_user, indptr, train_song, ridge=1e-12)
+    assert maps is not None and maps.user is not None
+    x = np.hstack([means, np.ones((200, 1))])
+    lstsq = np.linalg.lstsq(x, user[playlist_user].astype(np.float64), rcond=None)[0]
+    np.testing.assert_allclose(maps.user, lstsq, atol=1e-4)
+    np.testing.assert_allclose(fold_users(maps, means[:5]), x[:5] @ lstsq, atol=1e-4)
 
 
 def test_the_ridge_shrinks_the_slopes_but_not_the_intercept() -> None:

@@ -10,6 +10,11 @@ user's vector):
     p ≈ [mean_t s_t, u, 1] · W_u         (a known user: (2d+1, d))
     p ≈ [mean_t s_t, 1] · W_0            (an unknown user: (d+1, d))
 
+and, the same way, the user vector of a user MDR never saw from the songs of the playlist being
+scored (fitted on every training playlist against its user's learned u):
+
+    u ≈ [mean_t s_t, 1] · W_user          ((d+1, d))
+
 Both are closed-form, a few milliseconds at AOTM size, and cost one small product per row in
 the scoring graph. On AOTM-2011 playlists held out of training, full-ranking hit@10 rises from
 0.0217 to 0.0355 for MDR and from 0.0318 to 0.0550 for AMDR (docs/training.md, "New playlists:
@@ -18,8 +23,10 @@ a learned fold-in").
 Public API (NumPy only; the export and the benchmarks use it, scoring never needs it):
     fit_playlist_maps(song, user, playlist, playlist_user, indptr, train_song, ridge=RIDGE)
         -> FoldInMaps | None     None when there are too few training playlists to fit
-    fold_playlists(maps, mean, user, known_user) -> (B, d)    the map applied: the reference
+    fold_playlists(maps, mean, user, known_user) -> (B, d)    the maps applied: the reference
         the exported graph is tested against
+    fold_users(maps, mean) -> (B, d)                         u of new users from their
+        playlist's songs' mean
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class FoldInMaps:
     without_user: np.ndarray  # (d + 1, d): [mean, 1] -> p
     playlists: int  # training playlists fitted on
     r2: float  # share of the learned p's variance the map with the user explains
+    user: np.ndarray | None = None  # (d + 1, d): [mean, 1] -> u of a new user
 
 
 def _ridge(x: np.ndarray, y: np.ndarray, ridge: float) -> np.ndarray:
@@ -87,6 +95,7 @@ def fit_playlist_maps(
     x_u = np.concatenate([mean, u], axis=1)  # (n, 2d)
     with_user = _ridge(x_u, target, ridge)  # (2d + 1, d)
     without_user = _ridge(mean, target, ridge)  # (d + 1, d)
+    user_map = _ridge(mean, u, ridge)  # (d + 1, d)
     residual = float(np.square(x_u @ with_user[:-1] + with_user[-1] - target).sum())
     spread = float(np.square(target - target.mean(0)).sum())
     return FoldInMaps(
@@ -94,6 +103,7 @@ def fit_playlist_maps(
         without_user=without_user.astype(np.float32),
         playlists=n,
         r2=1.0 - residual / spread if spread > 0 else 0.0,
+        user=user_map.astype(np.float32),
     )
 
 
@@ -107,3 +117,11 @@ def fold_playlists(
     with_user = np.concatenate([mean, user.astype(np.float64), ones], axis=1) @ maps.with_user
     without_user = np.concatenate([mean, ones], axis=1) @ maps.without_user
     return np.where(known_user[:, None], with_user, without_user).astype(np.float32)
+
+
+def fold_users(maps: FoldInMaps, mean: np.ndarray) -> np.ndarray:
+    """u (B, d) of users MDR never saw, from the mean (B, d) of their playlist's songs."""
+    if maps.user is None:
+        raise ValueError("these maps have no user map")
+    ones = np.ones((mean.shape[0], 1), dtype=np.float64)
+    return (np.concatenate([mean.astype(np.float64), ones], axis=1) @ maps.user).astype(np.float32)

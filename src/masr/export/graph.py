@@ -10,8 +10,9 @@ one (B, d+3) x (d+3, V) product. Fold-in of what the model never saw:
   p = [m, u, 1] · W_u for a known user u and [m, 1] · W_0 otherwise, m the mean of its members'
   song vectors; without them (``--fold-in mean``), p = m, the exact minimiser of
   Σ_t |B2 ⊙ (p - s_t)|² (the playlist term of eq. 11 summed over its songs);
-* unknown user: by default the same mean (``unknown_user = "members"``, the minimiser of
-  Σ_t |B1 ⊙ (u - s_t)|²); ``"drop"`` leaves the user term out. exported/README.md reports the
+* unknown user: by default from the same songs (``unknown_user = "members"``): with the maps,
+  u = [m, 1] · W_user; without them u = m, the minimiser of Σ_t |B1 ⊙ (u - s_t)|²; ``"drop"``
+  leaves the user term out. exported/README.md reports the
   measurement behind the default;
 * no usable member: the terms that have no vector are dropped (a new playlist keeps its user
   term, an unknown user with no song has none).
@@ -243,18 +244,20 @@ def _mdr_distance(
     known_p, p_vec = lookup(mdr.playlist, playlists, "playlist")
     # unknown playlist: the fitted maps of masr.foldin, [m, u, 1] W_u for a known user and
     # [m, 1] W_0 otherwise; without them the mean m (minimises Σ_t |B2⊙(p - s_t)|²)
-    p_new = s_mean
+    p_new, u_new = s_mean, s_mean
     if fold_in is not None:
         one_col = g.op("Expand", g.const("one_col", [[1.0]], np.float32), g.op("Shape", known_u))
         by_songs = g.op("Concat", s_mean, one_col, axis=1)  # (B, d+1)
+        if fold_in.user is not None:  # a new user: [m, 1] W_user
+            u_new = g.op("MatMul", by_songs, g.const("fold_u", f32(fold_in.user)), hint="u_folded")
         with_user = g.op("Concat", s_mean, u_vec, one_col, axis=1)  # (B, 2d+1)
         p_no_user = g.op("MatMul", by_songs, g.const("fold_p", f32(fold_in.without_user)))
         p_user = g.op("MatMul", with_user, g.const("fold_p_user", f32(fold_in.with_user)))
         p_new = g.op("Where", known_u, p_user, p_no_user, hint="p_folded")
     p_vec = g.op("Where", known_p, p_vec, p_new, hint="p")
     has_p = g.op("Or", known_p, m.has_members)
-    if unknown_user == "members":  # same minimiser for Σ_t |B1⊙(u - s_t)|²
-        u_vec = g.op("Where", known_u, u_vec, s_mean, hint="u")
+    if unknown_user == "members":  # the map's u, or the mean (minimises Σ_t |B1⊙(u - s_t)|²)
+        u_vec = g.op("Where", known_u, u_vec, u_new, hint="u")
         has_u = g.op("Or", known_u, m.has_members)
     else:  # "drop": an unknown user contributes no term
         has_u = known_u
