@@ -44,8 +44,8 @@ SCORE_FORMATS = ("csv", "parquet")
 
 #: runs ``masr export`` can export: the fusions, or one part
 EXPORT_KINDS = ("amasr", "masr", "mdr", "mass", "amdr", "amass")
-#: the exported MDR user term of a user the model never saw: the mean user vector of the
-#: playlist's known songs' listeners ("members"), or no user term ("drop")
+#: the exported MDR user term of a user the model never saw: from the playlist's songs
+#: ("members": the fold-in map of ``masr.foldin``, or their mean), or no user term ("drop")
 UNKNOWN_USER_MODES = ("members", "drop")
 #: how the export folds in a playlist MDR never saw: the maps fitted on the training playlists
 #: (``masr.foldin``), or the plain mean of its songs' vectors
