@@ -283,10 +283,15 @@ def test_column_names_match_whatever_their_case_and_spaces(tmp_path):
     assert read_interactions(exact).frame["user"].to_list() == ["right"]
     both = tmp_path / "both.csv"
     both.write_text("User_Id,USER_ID,playlist_id,track_id\na,b,p,t\n")
-    with pytest.raises(MasrError, match="missing column 'user_id'"):
+    with pytest.raises(MasrError, match="--user-col 'user_id' is ambiguous: the file has "
+                       "'User_Id' and 'USER_ID'"):
         read_interactions(both)
     mine = read_interactions(path, Columns(user="user_id ", playlist="playlist_id"))
     assert mine.frame["user"].to_list() == ["u"]
+    twice = tmp_path / "twice.csv"  # a column named twice: neither is guessed
+    twice.write_text("user_id,playlist_id,track_id,track_id\nu,p,t1,t2\n")
+    with pytest.raises(MasrError, match="names column 'track_id' twice"):
+        read_interactions(twice)
 
 
 def test_parquet_integer_ids_become_strings(tmp_path):

@@ -377,6 +377,18 @@ def id_columns(
     the file has and the ``--*-col`` options to use instead."""
     names = list(schema)
     found = {k: column_named(names, v) for k, v in wanted.items()}
+    for column in found.values():  # polars names a repeated header column NAME_duplicated_0
+        if column is not None and f"{column}_duplicated_0" in names:
+            raise MasrError(
+                f"{path}: the header names column {column!r} twice; rename one of them"
+            )
+    for key, name in wanted.items():
+        near = [n for n in names if n.strip().casefold() == name.strip().casefold()]
+        if found[key] is None and len(near) > 1:
+            raise MasrError(
+                f"{path}: --{key}-col {name!r} is ambiguous: the file has "
+                f"{' and '.join(repr(n) for n in near)}; give one exactly"
+            )
     missing = [v for k, v in wanted.items() if found[k] is None]
     if missing:
         option = {v: k for k, v in wanted.items()}
