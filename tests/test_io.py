@@ -473,3 +473,14 @@ def test_unreadable_formats_are_named(tmp_path, content, needle):
     path = tmp_path / "in.csv"
     path.write_bytes(content(_frame().write_csv().encode()))
     assert needle in _error(path)
+
+
+def test_a_quote_left_open_is_named_not_polars_advice(tmp_path):
+    """A field that opens a double quote and never closes it reads the rest of the file as one
+    field: one line saying so, without the reader's advice on its own options."""
+    path = tmp_path / "in.csv"
+    path.write_text('user_id,playlist_id,track_id\nu1,p1,s1\nu1,"p1,s3\nu1,p1,s4\n')
+    with pytest.raises(MasrError, match="double quote opens a field in column 'playlist_id' "
+                       "that is never closed") as err:
+        read_interactions(path)
+    assert "infer_schema_length" not in str(err.value)

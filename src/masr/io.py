@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import re
 import threading
 import zlib
 from dataclasses import dataclass
@@ -134,6 +135,15 @@ def unreadable(path: Path, exc: BaseException, what: str) -> MasrError:
     """The one error line for input that failed to parse: ``what`` and the reader's reason,
     or, for text that is not UTF-8, the conversion that makes it readable."""
     msg = one_line(exc)
+    quote = re.search(r'could not parse `(")([^`]{0,40})[^`]*` as dtype \S+ at column (\S+)', msg)
+    if quote:  # polars' reason for a quote left open: the rest of the file read as one field
+        return MasrError(
+            f"{path}: a double quote opens a field in column {quote.group(3)} that is never "
+            f"closed (from `{quote.group(1)}{quote.group(2).strip()}`); close or remove it, or "
+            "write the file as TSV"
+        )
+    # polars' advice on its own options (infer_schema_length, ...) is not the user's to take
+    msg = msg.split(" The current offset in the file")[0]
     if "utf-8" in msg.lower() or "utf8" in msg.lower():
         return MasrError(
             f"{path}: not UTF-8 text ({msg}); if it is Latin-1 / Windows-1252, convert it: "
