@@ -103,3 +103,19 @@ def test_folding_picks_the_map_by_whether_the_user_is_known() -> None:
     with_user = np.hstack([mean, u, ones]) @ maps.with_user
     without = np.hstack([mean, ones]) @ maps.without_user
     np.testing.assert_allclose(got, np.where(known[:, None], with_user, without), rtol=1e-5)
+
+
+def test_playlist_sums_in_blocks_equal_a_loop() -> None:
+    """The playlists' song sums, gathered a block of rows at a time: empty playlists, one
+    longer than a block, every block size."""
+    from masr.foldin import _playlist_sums
+
+    rng = np.random.default_rng(3)
+    for block in (1, 2, 3, 5, 64):
+        lengths = rng.integers(0, 7, size=25)
+        indptr = np.concatenate([[0], np.cumsum(lengths)])
+        train_song = rng.integers(0, N_SONGS, size=indptr[-1])
+        song = rng.normal(size=(N_SONGS, D)).astype(np.float32)
+        want = np.stack([song[train_song[a:b]].astype(np.float64).sum(0)
+                         for a, b in zip(indptr[:-1], indptr[1:], strict=True)])
+        np.testing.assert_allclose(_playlist_sums(song, indptr, train_song, block), want)

@@ -129,8 +129,10 @@ def _cases(df: pl.DataFrame, playlist_user: np.ndarray) -> Cases:
     return Cases(playlist=playlist, user=playlist_user[playlist], song=song, negatives=negatives)
 
 
-def load_prepared(path: str | Path) -> PreparedData:
-    """Read a ``masr prep`` output directory; a clear MasrError when it is missing or broken."""
+def load_prepared(path: str | Path, cases: bool = True) -> PreparedData:
+    """Read a ``masr prep`` output directory; a clear MasrError when it is missing or broken.
+    ``cases=False`` leaves the validation and test cases out (empty): what needs only the
+    training interactions reads less (``masr export``'s fold-in maps)."""
     path = Path(path)
     manifest_path = path / MANIFEST
     if path.is_file():
@@ -161,11 +163,14 @@ def load_prepared(path: str | Path) -> PreparedData:
         train = train.with_row_index("_row").with_columns(
             (pl.col("_row").rank("ordinal").over("playlist_idx") - 1).alias("_rank")
         )
+        n_rows = None if cases else 0
         valid = pl.read_parquet(
-            path / "valid.parquet", columns=["playlist_idx", "song_idx", "negatives"]
+            path / "valid.parquet", columns=["playlist_idx", "song_idx", "negatives"],
+            n_rows=n_rows,
         )
         test = pl.read_parquet(
-            path / "test.parquet", columns=["playlist_idx", "song_idx", "negatives"]
+            path / "test.parquet", columns=["playlist_idx", "song_idx", "negatives"],
+            n_rows=n_rows,
         )
     except Exception as exc:  # polars raises several types for corrupt files
         raise MasrError(f"{path}: cannot read prepared tables ({exc})") from None

@@ -242,7 +242,7 @@ def _fold_in(
         return None, {"mode": "mean"}
     from masr.dataset import load_prepared
 
-    data = load_prepared(data_dir)
+    data = load_prepared(data_dir, cases=False)
     if data.n_playlists != mdr.playlist.shape[0] or data.n_users != mdr.user.shape[0]:
         raise MasrError(f"{data_dir}: not the prepared data the MDR part was trained on")
     maps = fit_playlist_maps(
