@@ -152,17 +152,25 @@ def assert_top_k(songs, scores, ref: np.ndarray, k: int) -> None:
 
 
 MDR_PART, MASS_PART = make_parts()
-FUSED = session(
-    build_graph(
-        mdr_weights(MDR_PART),
-        mass_weights(MASS_PART),
-        ALPHA,
-        n_users=N_USERS,
-        n_playlists=N_PLAYLISTS,
-        n_songs=N_SONGS,
-        chunk=5,  # several chunks and a padded last one
+
+
+def fused_session(fold_in: FoldInMaps | None = None) -> ort.InferenceSession:
+    """The MASR graph of MDR_PART and MASS_PART at ALPHA (new playlists by ``fold_in``)."""
+    return session(
+        build_graph(
+            mdr_weights(MDR_PART),
+            mass_weights(MASS_PART),
+            ALPHA,
+            n_users=N_USERS,
+            n_playlists=N_PLAYLISTS,
+            n_songs=N_SONGS,
+            chunk=5,  # several chunks and a padded last one
+            fold_in=fold_in,
+        )
     )
-)
+
+
+FUSED = fused_session()
 #: fold-in maps of no particular fit: the graph must apply whatever maps it is given
 _maps_rng = np.random.default_rng(5)
 MAPS = FoldInMaps(
@@ -172,18 +180,7 @@ MAPS = FoldInMaps(
     r2=0.0,
     user=_maps_rng.normal(size=(DIM + 1, DIM)).astype(np.float32),
 )
-FUSED_MAPS = session(
-    build_graph(
-        mdr_weights(MDR_PART),
-        mass_weights(MASS_PART),
-        ALPHA,
-        n_users=N_USERS,
-        n_playlists=N_PLAYLISTS,
-        n_songs=N_SONGS,
-        chunk=5,
-        fold_in=MAPS,
-    )
-)
+FUSED_MAPS = fused_session(MAPS)
 
 
 def test_known_ids_match_the_equations_and_the_models_full_distance() -> None:
