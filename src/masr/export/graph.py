@@ -12,8 +12,7 @@ one (B, d+3) x (d+3, V) product. Fold-in of what the model never saw:
   Σ_t |B2 ⊙ (p - s_t)|² (the playlist term of eq. 11 summed over its songs);
 * unknown user: by default from the same songs (``unknown_user = "members"``): with the maps,
   u = [m, 1] · W_user; without them u = m, the minimiser of Σ_t |B1 ⊙ (u - s_t)|²; ``"drop"``
-  leaves the user term out. exported/README.md reports the
-  measurement behind the default;
+  leaves the user term out. exported/README.md reports the measurements behind the defaults;
 * no usable member: the terms that have no vector are dropped (a new playlist keeps its user
   term, an unknown user with no song has none).
 
@@ -38,7 +37,7 @@ from masr.export.weights import MASSWeights, MDRWeights
 from masr.foldin import FoldInMaps
 from masr.onnx_format import CANDIDATES, INPUTS, IR_VERSION, OPSET, OUTPUTS
 
-#: How an unknown user enters eq. 11: the mean of the playlist's members, or not at all.
+#: How an unknown user enters eq. 11: from the playlist's members, or not at all.
 
 
 def build_graph(*args: Any, **kwargs: Any) -> onnx.ModelProto:
