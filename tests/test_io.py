@@ -457,6 +457,10 @@ def test_bad_position_names_the_value(tmp_path):
     path.write_text("user_id,playlist_id,track_id,when\nu,p,t1,0\nu,p,t2,soon\n")
     msg = _error(path, Columns(position="when"))
     assert "'when'" in msg and "'soon'" in msg and "data row 2" in msg
+    mixed = tmp_path / "mixed.csv"  # each value readable, but not as one kind
+    mixed.write_text("user_id,playlist_id,track_id,when\nu,p,t1,3\nu,p,t2,2020-01-01\n")
+    msg = _error(mixed, Columns(position="when"))
+    assert "mixes dates ('2020-01-01', data row 2) and numbers ('3', data row 1)" in msg
 
 
 @pytest.mark.parametrize(

@@ -616,6 +616,14 @@ def _text_order(text: pl.Series, path: Path, name: str) -> pl.Series:
     if not bad.any():
         return _float_order(as_float)
     row = int(bad.arg_true()[0])
+    numeric = as_float.is_not_null()
+    if as_time is not None and as_time[row] is not None and numeric.any():
+        other = int(numeric.arg_true()[0])
+        raise MasrError(
+            f"{path}: song-order column {name!r} mixes dates ({text[row]!r}, data row {row + 1}) "
+            f"and numbers ({text[other]!r}, data row {other + 1}); use one kind throughout, name "
+            "another with --position-col, or drop the column"
+        )
     raise MasrError(
         f"{path}: song-order column {name!r} holds {text[row]!r} (data row {row + 1}), not an "
         "integer, number, date or datetime; fix it, name another with --position-col, or drop "
