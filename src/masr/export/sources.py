@@ -174,7 +174,8 @@ def locate_data(
                 f"trained on ({fingerprint})"
             )
     raise MasrError(
-        f"no prepared data with fingerprint {fingerprint} (looked in {', '.join(seen)}); "
+        f"no prepared data with fingerprint {fingerprint} (looked in "
+        f"{', '.join(dict.fromkeys(seen))}); "
         "point to it with --data DIR"
     )
 
