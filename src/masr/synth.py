@@ -77,9 +77,11 @@ class SynthConfig:
         playlist is its own user (exactly ``playlists`` playlists); with ``users`` the
         playlists are spread over them (1 + Poisson per user, so about ``playlists``).
         """
+        if playlists < 1:
+            raise MasrError(f"--playlists must be at least 1 (got {playlists})")
         users = playlists if users is None else users
-        if playlists < 1 or users < 1:
-            raise MasrError(f"--playlists and --users must be at least 1 ({playlists}, {users})")
+        if users < 1:
+            raise MasrError(f"--users must be at least 1 (got {users})")
         if users > playlists:
             raise MasrError(f"--users ({users}) cannot exceed --playlists ({playlists})")
         return cls(
@@ -102,7 +104,7 @@ class SynthConfig:
             raise MasrError("playlists_per_user must be at least 1")
         if not 5 <= self.songs_per_playlist <= self.max_playlist_songs:
             raise MasrError(
-                f"the mean length ({self.songs_per_playlist:g}) must lie between 5 and the "
+                f"--mean-length {self.songs_per_playlist:g}: must lie between 5 and the "
                 f"maximum length ({self.max_playlist_songs})"
             )
         if self.songs is not None and self.songs < 10:
