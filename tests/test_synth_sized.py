@@ -106,3 +106,17 @@ def test_extras_read_apart_give_the_same_songs_table(tmp_path):
     a = encode(apart.frame, apart.song_extras).song_extras
     b = encode(whole.frame).song_extras
     assert a.equals(b) and a["track_name"].to_list()[:2] == ["n5", "n1"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"playlists": 0}, "--playlists must be at least 1 (got 0)"),
+        ({"playlists": 5, "users": 0}, "--users must be at least 1 (got 0)"),
+        ({"playlists": 5, "mean_length": -1}, "--mean-length -1: must lie between 5"),
+    ],
+)
+def test_each_bad_size_is_named_alone(kwargs: dict, message: str) -> None:
+    with pytest.raises(MasrError) as err:
+        SynthConfig.sized(**kwargs).validate()
+    assert message in str(err.value)
