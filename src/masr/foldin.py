@@ -16,9 +16,10 @@ scored (fitted on every training playlist against its user's learned u):
     u ≈ [mean_t s_t, 1] · W_user          ((d+1, d))
 
 All three are closed-form (about 1.5 s on one core at AOTM-2011's size, in ``masr export``),
-and cost a small product each per new row in the scoring graph. On AOTM-2011 playlists held out of training, full-ranking hit@10 rises from
-0.0217 to 0.0355 for MDR and from 0.0318 to 0.0550 for AMDR (docs/training.md, "New playlists:
-a learned fold-in").
+and cost a small product each per new row in the scoring graph. On AOTM-2011 playlists held
+out of training, full-ranking hit@10 rises from 0.0217 to 0.0355 for MDR, from 0.0318 to 0.0550
+for AMDR and from 0.0365 to 0.0558 for the AMASR fusion (docs/training.md, "New playlists: a
+learned fold-in").
 
 Public API (NumPy only; the export and the benchmarks use it, scoring never needs it):
     fit_playlist_maps(song, user, playlist, playlist_user, indptr, train_song, ridge=RIDGE)
