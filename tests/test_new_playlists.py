@@ -97,3 +97,8 @@ def test_evaluate_agrees_with_masr_score_under_both_fold_ins(
         assert "6 new playlists" in summary["summary"]
         assert summary["hit@10"] == pytest.approx(hits[f"fusion fold-in {fold} alpha 0.5"])
     assert np.isfinite(list(hits.values())).all()
+    # the sampled protocol ranks against the case's stored negatives, a subset of the songs
+    # the full protocol ranks against: never a worse rank
+    sampled = got["sampled hit@10"]
+    assert set(sampled) == set(hits)
+    assert all(hits[name] <= sampled[name] <= 1.0 for name in hits)
