@@ -74,6 +74,16 @@ def holdout(args: argparse.Namespace) -> int:
     return 0
 
 
+def held_cases(full, holdout: str, split: str):  # noqa: ANN001, ANN201
+    """(held-out playlist ids, ``full``'s cases of ``split``, the indices of the held-out
+    playlists' cases among them), as `holdout` recorded them."""
+    import numpy as np
+
+    held = np.asarray(json.loads((Path(holdout) / "holdout.json").read_text())["playlists"])
+    cases = full.valid if split == "valid" else full.test
+    return held, cases, np.flatnonzero(np.isin(cases.playlist, held))
+
+
 def evaluate(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
@@ -88,9 +98,7 @@ def evaluate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     full = load_prepared(args.data)
     sub = load_prepared(args.holdout)
-    held = np.asarray(json.loads((Path(args.holdout) / "holdout.json").read_text())["playlists"])
-    cases = full.valid if args.split == "valid" else full.test
-    pick = np.flatnonzero(np.isin(cases.playlist, held))
+    held, cases, pick = held_cases(full, args.holdout, args.split)
     if args.cases and args.cases < len(pick):
         pick = np.sort(np.random.default_rng(0).choice(pick, size=args.cases, replace=False))
     index = TrainingIndex.from_data(full)  # the held-out playlists' songs: their members
@@ -200,9 +208,7 @@ def score(args: argparse.Namespace) -> int:
     from masr.dataset import load_prepared
 
     full = load_prepared(args.data)
-    held = np.asarray(json.loads((Path(args.holdout) / "holdout.json").read_text())["playlists"])
-    cases = full.valid if args.split == "valid" else full.test
-    pick = np.flatnonzero(np.isin(cases.playlist, held))
+    _, cases, pick = held_cases(full, args.holdout, args.split)
     cols = full.manifest["columns"]
     src = Path(args.data)
     users = pl.read_parquet(src / "users.parquet")

@@ -154,17 +154,21 @@ def assert_top_k(songs, scores, ref: np.ndarray, k: int) -> None:
 MDR_PART, MASS_PART = make_parts()
 
 
-def fused_session(fold_in: FoldInMaps | None = None) -> ort.InferenceSession:
-    """The MASR graph of MDR_PART and MASS_PART at ALPHA (new playlists by ``fold_in``)."""
+def fused_session(
+    fold_in: FoldInMaps | None = None, alpha: float = ALPHA, candidates: int | None = None
+) -> ort.InferenceSession:
+    """The MASR graph of MDR_PART and MASS_PART at ``alpha`` (new playlists by ``fold_in``;
+    the two-stage graph with ``candidates``)."""
     return session(
         build_graph(
             mdr_weights(MDR_PART),
             mass_weights(MASS_PART),
-            ALPHA,
+            alpha,
             n_users=N_USERS,
             n_playlists=N_PLAYLISTS,
             n_songs=N_SONGS,
             chunk=5,  # several chunks and a padded last one
+            candidates=candidates,
             fold_in=fold_in,
         )
     )

@@ -18,29 +18,18 @@ from test_export import (
     N_PLAYLISTS,
     N_SONGS,
     N_USERS,
+    fused_session,
     reference,
-    session,
 )
 from test_export import run as run_exact
 
-from masr.export import build_graph, mass_weights, mdr_weights
+from masr.export import build_graph, mdr_weights
 from masr.models.base import Batch
 from masr.models.masr import MASR
 
 
 def two_stage_graph(n: int, alpha: float = ALPHA, fold_in=None):  # noqa: ANN001
-    return session(
-        build_graph(
-            mdr_weights(MDR_PART),
-            mass_weights(MASS_PART),
-            alpha,
-            n_users=N_USERS,
-            n_playlists=N_PLAYLISTS,
-            n_songs=N_SONGS,
-            candidates=n,
-            fold_in=fold_in,
-        )
-    )
+    return fused_session(fold_in, alpha, candidates=n)
 
 
 def run(sess, users, playlists, members, k: int, n: int | None = None):

@@ -393,7 +393,7 @@ def id_columns(
                 f"{path}: the header names column {column!r} twice; rename one of them"
             )
     for key, name in wanted.items():
-        near = [n for n in names if n.strip().casefold() == name.strip().casefold()]
+        near = _same_but_case(names, name)
         if found[key] is None and len(near) > 1:
             raise MasrError(
                 f"{path}: --{key}-col {name!r} is ambiguous: the file has "
@@ -453,9 +453,14 @@ def column_named(names: list[str], name: str) -> str | None:
     hand-edited headers write them); None when there is none, or several."""
     if name in names:
         return name
-    key = name.strip().casefold()
-    near = [n for n in names if n.strip().casefold() == key]
+    near = _same_but_case(names, name)
     return near[0] if len(near) == 1 else None
+
+
+def _same_but_case(names: list[str], name: str) -> list[str]:
+    """The columns of ``names`` equal to ``name`` but for letter case and surrounding spaces."""
+    key = name.strip().casefold()
+    return [n for n in names if n.strip().casefold() == key]
 
 
 def _id_text(col: pl.Expr, dtype: pl.DataType | None) -> pl.Expr:

@@ -242,9 +242,7 @@ def _fold_in(
         return None, {"mode": "mean"}
     from masr.dataset import load_prepared
 
-    data = load_prepared(data_dir, cases=False)
-    if data.n_playlists != mdr.playlist.shape[0] or data.n_users != mdr.user.shape[0]:
-        raise MasrError(f"{data_dir}: not the prepared data the MDR part was trained on")
+    data = load_prepared(data_dir, cases=False)  # the checkpoints' data (``locate_data``)
     maps = fit_playlist_maps(
         mdr.song, mdr.user, mdr.playlist, data.playlist_user, data.indptr, data.train_song
     )
