@@ -19,6 +19,7 @@ def command(
     input: Annotated[
         Path | None,
         typer.Argument(
+            metavar="INPUT",
             help="Playlist file: CSV (comma, semicolon or pipe), TSV or Parquet, optionally "
             "gzipped, or a directory of Parquet parts; one row per (user, playlist, track); "
             "or the Million Playlist Dataset's JSON slices (a slice or its folder). "

@@ -24,6 +24,7 @@ def command(
     input: Annotated[
         Path,
         typer.Argument(
+            metavar="INPUT",
             help="Playlists to continue, in the `masr prep` input format: one row per member "
             "song with user, playlist and track ids (CSV with commas, semicolons or pipes, "
             "TSV or Parquet, optionally gzipped, or a directory of Parquet parts; MPD JSON "
