@@ -454,3 +454,99 @@ def test_a_damaged_model_file_is_refused(tmp_path: Path, model: Path) -> None:
     result = runner.invoke(app, ["score", str(src), "--model", str(copy)])
     assert result.exit_code == 1, result.stdout
     assert "damaged" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_score_out_never_replaces_the_model_or_its_files(tmp_path: Path, model: Path) -> None:
+    """--out naming the model or one of the files beside it is refused before anything is
+    written: the export stays scorable."""
+    import shutil
+
+    copy = tmp_path / "ex" / model.name
+    shutil.copytree(model.parent, copy.parent)
+    before = {p.name: p.read_bytes() for p in copy.parent.iterdir()}
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    for name in (copy.name, f"{copy.name}.json", f"{copy.name}.songs.parquet"):
+        result = runner.invoke(
+            app, ["score", str(src), "--model", str(copy), "--out", str(copy.parent / name)]
+        )
+        assert result.exit_code == 1, name
+        assert "is the model's file" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in copy.parent.iterdir()} == before
+
+
+def test_score_out_writes_through_links_and_pipes(tmp_path: Path, model: Path) -> None:
+    """A symbolic link stays a link (the file it names gets the CSV); a named pipe (like
+    /dev/stdout) is written to, not replaced by a regular file."""
+    import threading
+
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    expected = runner.invoke(app, ["score", str(src), "--model", str(model)]).stdout
+    target, link = tmp_path / "target.csv", tmp_path / "link.csv"
+    target.write_text("old")
+    link.symlink_to(target.name)
+    result = runner.invoke(app, ["score", str(src), "--model", str(model), "--out", str(link)])
+    assert result.exit_code == 0, result.stderr
+    assert link.is_symlink() and target.read_text() == expected
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    result = runner.invoke(app, ["score", str(src), "--model", str(model), "--out", str(fifo)])
+    reader.join(timeout=60)
+    assert result.exit_code == 0, result.stderr
+    assert got == [expected]
+    assert not fifo.is_file() and fifo.is_fifo()
+
+
+def test_score_without_the_metadata_file_reads_the_models_own(
+    tmp_path: Path, runs: Path
+) -> None:
+    """The id column names come from the model itself when the JSON file beside it is gone;
+    an unreadable JSON file or a --model that is not ONNX is named as such (not as columns
+    missing from the input)."""
+    out = tmp_path / "ex" / "m.onnx"
+    data = json.loads((runs / "mdr" / "run.json").read_text())["data"]["path"]
+    assert pl.read_parquet(Path(data) / "songs.parquet").height  # the planted data
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    expected = runner.invoke(app, ["score", str(src), "--model", str(out)]).stdout
+    out.with_name("m.onnx.json").unlink()
+    result = runner.invoke(app, ["score", str(src), "--model", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == expected
+    out.with_name("m.onnx.json").write_text("{bad")
+    result = runner.invoke(app, ["score", str(src), "--model", str(out)])
+    assert result.exit_code == 1 and "unreadable metadata file" in result.stderr
+    result = runner.invoke(app, ["score", str(src), "--model", str(src)])
+    assert result.exit_code == 1 and "not a readable ONNX model" in result.stderr
+
+
+def test_score_counts_rows_without_a_track(tmp_path: Path, model: Path) -> None:
+    """A row with an empty track id inside a playlist that has songs is ignored and counted;
+    a playlist of such rows only is an empty playlist to continue (not counted)."""
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS + "u0,p0,\nu0,p0,\nu5,empty,\n")
+    result = runner.invoke(app, ["score", str(src), "--model", str(model), "--k", "2"])
+    assert result.exit_code == 0, result.stderr
+    assert "2 rows without a track id ignored" in result.stderr
+    assert {line.split(",")[0] for line in result.stdout.splitlines()[1:]} == {
+        "p0", "fresh", "empty"
+    }
+
+
+def test_export_out_inside_the_prepared_data_is_refused(tmp_path: Path, runs: Path) -> None:
+    data = Path(json.loads((runs / "mdr" / "run.json").read_text())["data"]["path"])
+    before = sorted(p.name for p in data.iterdir())
+    result = runner.invoke(
+        app, ["export", "--runs", str(runs), "--out", str(data / "train.parquet")]
+    )
+    assert result.exit_code == 1
+    assert "inside the prepared data folder" in result.stderr
+    assert sorted(p.name for p in data.iterdir()) == before

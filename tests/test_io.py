@@ -488,3 +488,32 @@ def test_a_quote_left_open_is_named_not_polars_advice(tmp_path):
                        "that is never closed") as err:
         read_interactions(path)
     assert "infer_schema_length" not in str(err.value)
+
+
+def test_blank_rows_are_skipped(tmp_path):
+    """Empty lines (a trailing newline too many, a gap, CRLF ones) and rows of separators only
+    (a spreadsheet's ``,,``) hold no interaction: skipped, not read as empty ids."""
+    path = tmp_path / "in.csv"
+    path.write_bytes(
+        b"user_id,playlist_id,track_id\r\nu1,p1,s1\r\n\r\n,,\r\nu1,p1,s2\r\n \r\n\r\n"
+    )
+    raw = read_interactions(path)
+    assert raw.frame.select("user", "playlist", "track").rows() == [
+        ("u1", "p1", "s1"), ("u1", "p1", "s2")
+    ]
+    assert raw.rows == 2
+    only_blank = tmp_path / "blank.csv"
+    only_blank.write_text("user_id,playlist_id,track_id\n\n,,\n")
+    with pytest.raises(MasrError, match="no data rows"):
+        read_interactions(only_blank)
+
+
+def test_tsv_quotes_that_open_a_field_are_plain_text(tmp_path):
+    """In TSV a field may start with a double quote it does not close (a title such as
+    "Heroes" (Live)): read as written, as TSV defines quotes."""
+    path = tmp_path / "in.tsv"
+    path.write_text(
+        'user_id\tplaylist_id\ttrack_id\nu1\tp1\t"Heroes" (Live)\nu1\tp1\tx "y" z\n'
+    )
+    raw = read_interactions(path)
+    assert raw.frame["track"].to_list() == ['"Heroes" (Live)', 'x "y" z']

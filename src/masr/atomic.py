@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -24,20 +25,46 @@ def _publish_mode(path: str | os.PathLike[str], directory: bool = False) -> None
     os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
 
 
+def _target(path: str | os.PathLike[str]) -> tuple[Path, bool]:
+    """Where a write to ``path`` really goes, and whether it must go there directly.
+
+    A symbolic link is followed, so that the file it names is replaced and the link stays a
+    link. A path naming something that is not a regular file or folder (``/dev/stdout``,
+    ``/dev/null``, a named pipe, a terminal) cannot be renamed over without destroying it: it
+    is written to in place (``direct`` True), as ``> /dev/stdout`` in a shell would."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode  # follows links
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        return path, True
+    if path.is_symlink():
+        return Path(os.path.realpath(path)), False
+    return path, False
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator:
-    """Open a temporary file next to ``path``; rename it over ``path`` only on success."""
+    """Open a temporary file next to ``path``; rename it over ``path`` only on success (a
+    device or named pipe such as ``/dev/stdout`` is written to directly)."""
     with atomic_path(path) as tmp, open(tmp, mode) as fh:
         yield fh
         fh.flush()
-        os.fsync(fh.fileno())
+        if stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            os.fsync(fh.fileno())
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary *file path* next to ``path`` (for writers that take a path, such as
-    ``torch.save`` or ``DataFrame.write_parquet``); rename it over ``path`` on success."""
-    path = Path(path)
+    ``torch.save`` or ``DataFrame.write_parquet``); rename it over ``path`` on success. A
+    symbolic link is followed (the file it names is replaced); a device or named pipe is
+    yielded as it is and written in place."""
+    path, direct = _target(path)
+    if direct:
+        yield path
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -91,11 +118,17 @@ def atomic_group() -> Iterator[Callable[[str | os.PathLike[str]], Path]]:
     ``path``; when the block succeeds every one is renamed over its path, in the order staged,
     and when it fails (an error, Ctrl-C) every temporary file is removed and the old files stay
     as they were: a set of files that belong together (an export's model, metadata and id maps)
-    is never left half old, half new."""
+    is never left half old, half new. A symbolic link is followed; a device or pipe is refused
+    (MasrError)."""
     staged: list[tuple[Path, Path]] = []
 
     def stage(path: str | os.PathLike[str]) -> Path:
-        final = Path(path)
+        final, direct = _target(path)
+        if direct:
+            raise MasrError(
+                f"{path}: not a regular file (a device or pipe); a set of files is written "
+                "next to it, so give a file path"
+            )
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
         os.close(fd)

@@ -335,7 +335,13 @@ def _struct_fields(dtype: pl.DataType | None) -> dict[str, pl.DataType]:
 
 
 def _scan_text(path: Path, kind: str, quote: str | None) -> pl.LazyFrame:
-    return pl.scan_csv(path, separator=_SEPARATORS[kind], infer_schema=False, quote_char=quote)
+    """The rows of a CSV/TSV file, every column a String, without its blank rows: an empty
+    line (a trailing newline too many, a gap) or a row of separators only (``,,`` from a
+    spreadsheet) holds no interaction, so it is skipped rather than read as empty ids. (Data
+    row numbers in later error lines count the rows kept.)"""
+    lf = pl.scan_csv(path, separator=_SEPARATORS[kind], infer_schema=False, quote_char=quote)
+    blank = pl.all_horizontal(pl.all().is_null() | (pl.all().str.strip_chars() == ""))
+    return lf.filter(~blank)
 
 
 def quote_char(path: Path, kind: str) -> str | None:
@@ -360,7 +366,11 @@ def _quote_char(path: Path, kind: str, size: int, mtime_ns: int) -> str | None:
         probe.collect(engine="streaming")
         return '"'
     except Exception as exc:  # polars raises several error types for malformed files
-        if not isinstance(exc, pl.exceptions.ComputeError) or "malformed" not in str(exc):
+        words = str(exc)
+        # in TSV a field that starts with a quote it does not close ("Heroes" (Live)) is
+        # plain text too; in a CSV, a quote left open is reported by the read
+        quoting = "malformed" in words or (kind == "tsv" and "not properly escaped" in words)
+        if not isinstance(exc, pl.exceptions.ComputeError) or not quoting:
             return '"'  # another problem (not UTF-8, no data ...): the read reports it
     if kind != "tsv":
         plain = _scan_text(path, kind, None)

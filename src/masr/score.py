@@ -56,6 +56,7 @@ from masr.io import (
 from masr.onnx_format import (
     FORMAT,
     ID_MAP_SIZES,
+    ID_MAPS,
     INPUTS,
     MODEL_SHA256,
     OUTPUTS,
@@ -80,6 +81,9 @@ class ScoreSummary:
     new_user_playlists: int = 0  # playlists whose user is not in the model
     unknown_song_rows: int = 0  # member rows whose track is not in the catalog (ignored)
     duplicate_rows: int = 0  # repeated (playlist, track) rows (ignored)
+    #: rows without a track id in a playlist that has tracks (ignored; a playlist of such rows
+    #: only, as in MPD's challenge set, is an empty playlist to continue)
+    trackless_rows: int = 0
     fallback_playlists: int = 0  # no usable member: user term, then song popularity
     short_playlists: int = 0  # fewer than K songs left to recommend
     regrouped: bool = False  # playlists' rows not adjacent: the input regrouped in memory
@@ -99,6 +103,8 @@ class ScoreSummary:
         ]
         if self.duplicate_rows:
             parts.append(f"{_n(self.duplicate_rows, 'duplicate row')} ignored")
+        if self.trackless_rows:
+            parts.append(f"{_n(self.trackless_rows, 'row')} without a track id ignored")
         parts.append(
             f"{_n(self.fallback_playlists, 'playlist')} without a known song "
             "(ranked by user taste, then popularity)"
@@ -510,6 +516,9 @@ def _prepare(frame: pl.DataFrame, model: ExportedModel, summary: ScoreSummary) -
     # a row without a track (an empty playlist to continue) is not an unknown song
     unknown = frame["song_idx"].is_null() & frame["track"].is_not_null()
     summary.unknown_song_rows += int(unknown.sum())
+    track = pl.col("track")
+    trackless = track.is_null() & track.is_not_null().any().over("playlist")
+    summary.trackless_rows += int(frame.select(trackless.sum()).item())
     owners = (
         frame.group_by("playlist", "user")
         .len()
@@ -671,7 +680,7 @@ def score_file(
         return score_ray(input, model, out, config, say)
     started = time.perf_counter()
     input = Path(input)
-    lf = check_paths(input, out, config)
+    lf = check_paths(input, out, config, model)
     exported = ExportedModel(model, config.device, config.workers, config.batch_size)
     summary = ScoreSummary(provider=exported.provider)
     say(
@@ -711,17 +720,19 @@ def input_columns(
 ) -> Columns:
     """The id columns to read a playlists file with: each name in ``given`` (``--user-col``
     ...) when not None, else the one of the data the model was trained on (``masr prep``'s
-    columns, which ``masr export`` records in its metadata file), else the default name
-    (``user_id``, ``playlist_id``, ``track_id``). A missing or unreadable metadata file leaves
-    the defaults: loading the model reports it."""
+    columns, which ``masr export`` records in its metadata), else the default name
+    (``user_id``, ``playlist_id``, ``track_id``). The metadata is read from the JSON file next
+    to the model, or from the model itself when that file is missing; an unreadable file or
+    model is one error line here, before the input is read with the wrong names."""
     given = {k: v for k, v in (given or {}).items() if v is not None}
     recorded: dict[str, str] = {}
-    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-        meta = json.loads(sidecar(model, "json").read_text())
-        recorded = {
-            k: v for k, v in (meta.get("data", {}).get("columns") or {}).items()
-            if k in ("user", "playlist", "track") and isinstance(v, str)
-        }
+    if len(given) < 3:
+        columns = (_export_metadata(Path(model)).get("data") or {}).get("columns")
+        if isinstance(columns, dict):
+            recorded = {
+                k: v for k, v in columns.items()
+                if k in ("user", "playlist", "track") and isinstance(v, str)
+            }
     defaults = Columns().as_dict()
     from_export = {k: v for k, v in recorded.items() if k not in given}
     if say is not None and any(v != defaults[k] for k, v in from_export.items()):
@@ -732,9 +743,42 @@ def input_columns(
     return Columns(**{**defaults, **from_export, **given})
 
 
-def check_paths(input: Path, out: str | Path | None, config: ScoreConfig) -> pl.LazyFrame:
+def _export_metadata(model: Path) -> dict[str, Any]:
+    """A masr export's metadata: its JSON file, else the model's own metadata entries (the
+    same keys, each value JSON). One error line for an unreadable file or a file that is not
+    an ONNX model, or an ONNX model that is not a masr export; {} when there is no model
+    file (loading it says so)."""
+    side = sidecar(model, "json")
+    if side.is_file():
+        try:
+            meta = json.loads(side.read_text())
+        except (OSError, ValueError):
+            raise MasrError(f"{side}: unreadable metadata file") from None
+        return meta if isinstance(meta, dict) else {}
+    if not model.is_file():
+        return {}  # no model at all: loading it says so
+    import onnx  # the model's header only: its tensors may be large or live beside it
+
+    try:
+        proto = onnx.load_model(str(model), load_external_data=False)
+    except Exception as exc:
+        text = " ".join(str(exc).split())
+        raise MasrError(f"--model {model}: not a readable ONNX model ({text[:200]})") from None
+    meta: dict[str, Any] = {}
+    for entry in proto.metadata_props:
+        with contextlib.suppress(ValueError):
+            meta[entry.key] = json.loads(entry.value)
+    if meta.get("format") != FORMAT:
+        raise MasrError(f"--model {model}: not a masr export (no masr metadata)")
+    return meta
+
+
+def check_paths(
+    input: Path, out: str | Path | None, config: ScoreConfig, model: str | Path | None = None
+) -> pl.LazyFrame:
     """Input problems first, before loading the model; then an ``--out`` that cannot be
-    written in the chosen format (one line each). Returns the input's frame (``_scan``), which
+    written in the chosen format or that names the input or one of the ``model``'s files
+    (one line each). Returns the input's frame (``_scan``), which
     ``_playlist_chunks`` reads: scanned once (MPD JSON is parsed whole when scanned)."""
     lf = _scan(input, config.columns)
     if config.out_format == "parquet":
@@ -753,6 +797,10 @@ def check_paths(input: Path, out: str | Path | None, config: ScoreConfig) -> pl.
     elif out is not None and Path(out).exists() and Path(out).samefile(input):
         # the output is written aside and renamed over its path: the input would be lost
         raise MasrError(f"--out {out}: is the input; give another file name")
+    elif out is not None and model is not None and Path(out).exists():
+        for part in (Path(model), *(sidecar(model, w) for w in ("json", WEIGHTS, *ID_MAPS))):
+            if part.exists() and Path(out).samefile(part):
+                raise MasrError(f"--out {out}: is the model's file {part}; give another file name")
     return lf
 
 

@@ -51,7 +51,7 @@ import numpy as np
 import onnx
 
 from masr import __version__
-from masr.atomic import atomic_group
+from masr.atomic import atomic_group, check_not_inside
 from masr.config import ALPHA, FOLD_IN_MODES, UNKNOWN_USER_MODES, ExportConfig
 from masr.config import EXPORT_KINDS as KINDS
 from masr.errors import MasrError
@@ -145,6 +145,7 @@ def export_model(
     dims = {name: int(m.config.dim) for name, m in (("mdr", mdr), ("mass", mass)) if m}
     del mdr, mass, part  # the arrays above are all that is used of them from here
     data_dir = locate_data(runs_dir, sources, fingerprint, config.data)
+    check_not_inside(out, data_dir, "--out")  # masr prep replaces that folder whole
     manifest = json.loads((data_dir / "manifest.json").read_text())
     maps = read_id_maps(data_dir, sizes)
     fold_in, fold_info = _fold_in(mdr_w, data_dir, config.fold_in, say)
