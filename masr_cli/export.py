@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -42,13 +43,14 @@ def command(
         ),
     ] = None,
     out: Annotated[
-        Path,
+        str,  # as typed: a trailing "/" (a folder meant) is lost in a Path
         typer.Option(
             "--out",
             "-o",
+            metavar="PATH",
             help="ONNX file to write; the metadata JSON and the id maps go next to it.",
         ),
-    ] = Path("exported/masr.onnx"),
+    ] = "exported/masr.onnx",
     data: Annotated[
         Path | None,
         typer.Option(
@@ -128,11 +130,16 @@ def command(
         fold_in=fold_in.value,
     )
     from masr.atomic import remove_leftovers
+    from masr.errors import MasrError
 
-    with locked(lock_path(out), "masr export"):  # one writer per --out (OUT.lock)
-        if remove_leftovers(out):  # a killed export's temporary files
+    if out.endswith(("/", os.sep)) or Path(out).is_dir():
+        folder = out.rstrip("/" + os.sep) or out
+        raise MasrError(f"--out {out}: is a folder; give a file name (e.g. {folder}/masr.onnx)")
+    path = Path(out)
+    with locked(lock_path(path), "masr export"):  # one writer per --out (OUT.lock)
+        if remove_leftovers(path):  # a killed export's temporary files
             log_line(f"removed the temporary files of an earlier, killed export to {out}")
-        result = export_model(runs, out, config, log=log_line)
+        result = export_model(runs, path, config, log=log_line)
     meta = result.metadata
     console.print(
         f"exported {meta['model']} (α = {meta['alpha']:g}, {meta['sizes']['n_songs']:,} songs) "

@@ -550,3 +550,14 @@ def test_export_out_inside_the_prepared_data_is_refused(tmp_path: Path, runs: Pa
     assert result.exit_code == 1
     assert "inside the prepared data folder" in result.stderr
     assert sorted(p.name for p in data.iterdir()) == before
+
+
+def test_export_out_naming_a_folder_is_refused(tmp_path: Path, runs: Path) -> None:
+    """--out DIR/ (a folder meant, not yet there) or an existing folder: one line asking for
+    a file name; nothing is written."""
+    for out in (f"{tmp_path / 'new'}/", str(tmp_path)):
+        result = runner.invoke(app, ["export", "--runs", str(runs), "--out", out])
+        assert result.exit_code == 1, out
+        assert "is a folder; give a file name" in result.stderr
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -646,3 +646,30 @@ def test_evaluate_significance_pairs_runs_on_the_same_cases(
         assert e["hit@10"]["delta"] == pytest.approx(a["hit@10"] - b["hit@10"], abs=2e-6)
         assert e["hit@10"]["ci95"][0] <= e["hit@10"]["delta"] <= e["hit@10"]["ci95"][1]
         assert 0.0 <= e["hit@10"]["p"] <= 1.0
+
+
+def test_an_interrupt_in_the_first_epoch_says_there_is_nothing_to_resume(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Ctrl-C before any epoch is saved: the run says that a new train starts it again (no
+    promise of --resume), and a --resume then says it trains from the start."""
+    from conftest import write_planted
+
+    import masr.train
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *TINY]
+    real = masr.train.train_model
+
+    def stop_at_once(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(masr.train, "train_model", stop_at_once)
+    result = runner.invoke(app, base)
+    assert result.exit_code == 130
+    assert "nothing saved to resume from" in result.stderr
+    assert "--resume with the same options continues" not in result.stderr
+    monkeypatch.setattr(masr.train, "train_model", real)
+    again = _ok([*base, "--resume"])
+    assert "nothing to resume" in again.stderr

@@ -57,3 +57,26 @@ def test_atomic_file_leaves_nothing_on_failure(tmp_path):
         raise RuntimeError("boom")
     assert (tmp_path / "out.csv").read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.csv"]
+
+
+def test_atomic_writes_follow_links_and_never_replace_devices(tmp_path):
+    """A link stays a link (the file it names is replaced); a device such as /dev/null is
+    written in place by a single file's writer and refused for a set of files."""
+    import os
+
+    import pytest
+
+    from masr.atomic import atomic_file, atomic_group
+    from masr.errors import MasrError
+
+    (tmp_path / "real.csv").write_text("old")
+    os.symlink("real.csv", tmp_path / "link.csv")
+    with atomic_file(tmp_path / "link.csv") as fh:
+        fh.write(b"new")
+    assert os.path.islink(tmp_path / "link.csv")
+    assert (tmp_path / "real.csv").read_text() == "new"
+    with atomic_file(os.devnull) as fh:
+        fh.write(b"discarded")
+    assert not os.path.isfile(os.devnull) and os.path.exists(os.devnull)
+    with pytest.raises(MasrError, match="not a regular file"), atomic_group() as stage:
+        stage(os.devnull)

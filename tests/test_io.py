@@ -517,3 +517,17 @@ def test_tsv_quotes_that_open_a_field_are_plain_text(tmp_path):
     )
     raw = read_interactions(path)
     assert raw.frame["track"].to_list() == ['"Heroes" (Live)', 'x "y" z']
+
+
+def test_a_folder_of_parts_with_other_data_files_is_refused(tmp_path):
+    """Parquet parts with a CSV beside them: the CSV would be silently left out, so one line
+    names it; Spark's bookkeeping files (_SUCCESS, .crc) are not data."""
+    folder = tmp_path / "table"
+    folder.mkdir()
+    _frame().write_parquet(folder / "part-0.parquet")
+    (folder / "_SUCCESS").write_text("")
+    (folder / ".part-0.parquet.crc").write_text("")
+    assert read_interactions(folder).rows == len(ROWS)
+    _frame().write_csv(folder / "more.csv")
+    msg = _error(folder)
+    assert "more.csv" in msg and "would not be read" in msg

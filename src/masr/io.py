@@ -238,6 +238,22 @@ def parquet_parts(path: Path) -> list[Path]:
     )
 
 
+#: names of data files that a directory of Parquet parts should not hold beside them
+_OTHER_DATA = (".csv", ".tsv", ".tab", ".txt", ".json", ".gz")
+
+
+def _other_data_files(path: Path) -> list[Path]:
+    """CSV, TSV, JSON or gzipped files in ``path`` beside its Parquet parts (not the
+    bookkeeping files tools leave there, whose names start with ``_`` or ``.``)."""
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.suffix.lower() in _OTHER_DATA
+        and p.is_file()
+        and not any(n.startswith(("_", ".")) for n in p.relative_to(path).parts)
+    )
+
+
 def check_file(path: Path) -> bytes:
     """Fail with one line when ``path`` is not a readable, non-empty file (or a directory of
     Parquet parts or MPD JSON slices); return its head (a directory: the Parquet magic bytes;
@@ -245,11 +261,19 @@ def check_file(path: Path) -> bytes:
     if not path.exists():
         raise MasrError(f"{path}: no such file")
     if path.is_dir():
-        if not parquet_parts(path) and not json_parts(path):
+        parts = parquet_parts(path)
+        if not parts and not json_parts(path):
             raise MasrError(
                 f"{path}: is a directory without Parquet parts (*.parquet) or Million Playlist "
                 "Dataset slices (*.json); give a CSV, TSV or Parquet file, or a directory of "
                 "Parquet parts as Spark writes them"
+            )
+        others = _other_data_files(path) if parts else []
+        if others:  # the parts would be read, the rest silently left out
+            raise MasrError(
+                f"{path}: a directory of {len(parts)} Parquet part(s) that also holds "
+                f"{len(others)} other data file(s) (e.g. {others[0].name}), which would not be "
+                "read; give one file, or a directory of Parquet parts only"
             )
         return _PARQUET_MAGIC
     try:

@@ -205,7 +205,7 @@ def _build(
             f"{recorded} -> {start_epochs}); starting it again from the new best"
         )
         can_resume = False
-    if resume and info is None and not (run_dir / "last.pt").is_file():
+    if resume and not (run_dir / "last.pt").is_file():  # new, or stopped in its first epoch
         log(f"{run}: nothing to resume in {run_dir} (no last.pt); training it from the start")
     if can_resume:
         resume_state = load_checkpoint(run_dir / "last.pt")
@@ -283,9 +283,12 @@ def _build(
             info["status"] = "interrupted" if stopped else "failed"
             info["stopped"] = now()
             write_run_json(run_dir, info)
-            if stopped:
+            if stopped and (run_dir / "last.pt").is_file():
                 log(f"{run}: interrupted after {len(info['history'])} epoch(s); "
                     "`masr train ... --resume` with the same options continues it")
+            elif stopped:  # no epoch saved: a new command starts it again, --resume or not
+                log(f"{run}: interrupted in its first epoch (nothing saved to resume from); "
+                    "`masr train` with the same options starts it again")
         raise
     # the full-ranking validation cases it ranked (a --time-limit may have cut them)
     info["train_config"]["valid_sample"] = result.extra["valid_sample"]
