@@ -531,3 +531,13 @@ def test_a_folder_of_parts_with_other_data_files_is_refused(tmp_path):
     _frame().write_csv(folder / "more.csv")
     msg = _error(folder)
     assert "more.csv" in msg and "would not be read" in msg
+
+
+def test_list_columns_of_different_lengths_are_named(tmp_path):
+    path = tmp_path / "lists.parquet"
+    pl.DataFrame(
+        {"user_id": ["u1"], "playlist_id": ["p1"], "track_id": [["s1", "s2", "s3"]],
+         "position": [[0, 1]]}
+    ).write_parquet(path)
+    msg = _error(path)
+    assert "differ in length" in msg and "unreadable" not in msg

@@ -142,6 +142,11 @@ def unreadable(path: Path, exc: BaseException, what: str) -> MasrError:
             f"closed (from `{quote.group(1)}{quote.group(2).strip()}`); close or remove it, or "
             "write the file as TSV"
         )
+    if "exploded columns must have matching element counts" in msg:
+        return MasrError(
+            f"{path}: in a row, the track list and a list read with it song by song (positions, "
+            "track or artist names) differ in length; make them equal, or drop that column"
+        )
     # polars' advice on its own options (infer_schema_length, ...) is not the user's to take
     msg = msg.split(" The current offset in the file")[0]
     if "utf-8" in msg.lower() or "utf8" in msg.lower():
