@@ -727,7 +727,8 @@ def input_columns(
     given = {k: v for k, v in (given or {}).items() if v is not None}
     recorded: dict[str, str] = {}
     if len(given) < 3:
-        columns = (_export_metadata(Path(model)).get("data") or {}).get("columns")
+        data = _export_metadata(Path(model)).get("data")
+        columns = data.get("columns") if isinstance(data, dict) else None
         if isinstance(columns, dict):
             recorded = {
                 k: v for k, v in columns.items()
