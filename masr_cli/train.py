@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import (
@@ -39,6 +39,9 @@ from masr.config import (
 from masr.errors import MasrError
 from masr.runs import RUNS
 from masr_cli._common import Device, Threads, choices, console, cpu_threads_line, log_line
+
+if TYPE_CHECKING:  # the run machinery (torch) is imported when a command runs
+    from masr.runs.make import RunOutcome
 
 NAME = "train"
 
@@ -473,11 +476,28 @@ def command(
             f"{o.seconds:.1f}",
         )
     console.print(table)
+    note = cases_note(outcomes, len(prepared.valid))
+    if note:
+        console.print(note, highlight=False)
     console.print(
         f"[green]done[/green]: {runs / name / 'best.pt'}; next: masr evaluate"
         + ("" if data == Path("data") else f" --data {data}")
         + ("" if runs == Path("runs") else f" --runs {runs}"),
         soft_wrap=True,  # one line: the command copies whole
+    )
+
+
+def cases_note(outcomes: list[RunOutcome], n_valid: int) -> str | None:
+    """A note under the summary table when its rows' full-ranking figures rank different
+    numbers of validation cases (a time limit cuts a run's; a fusion ranks as many as the
+    fewest of its parts), which makes them differ by sampling noise too; None otherwise."""
+    cases = {o.run: min(o.valid_sample, n_valid) or n_valid for o in outcomes}
+    if len(set(cases.values())) < 2:
+        return None
+    return (
+        "note: the full-ranking figures above rank different numbers of validation cases ("
+        + ", ".join(f"{run} {n:,}" for run, n in cases.items())
+        + "), so they differ by sampling noise too"
     )
 
 

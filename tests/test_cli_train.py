@@ -673,3 +673,17 @@ def test_an_interrupt_in_the_first_epoch_says_there_is_nothing_to_resume(
     monkeypatch.setattr(masr.train, "train_model", real)
     again = _ok([*base, "--resume"])
     assert "nothing to resume" in again.stderr
+
+
+def test_the_summary_notes_full_figures_on_different_case_counts() -> None:
+    """A part cut by a time limit ranks fewer full-ranking validation cases than the others:
+    the summary says so under the table; with every row on the same cases, nothing."""
+    from masr.runs.make import RunOutcome
+    from masr_cli.train import cases_note
+
+    same = [RunOutcome("mdr", "trained", 3, {}, 1.0, valid_sample=2000),
+            RunOutcome("mass", "reused", 2, {}, 0.0, valid_sample=0)]
+    assert cases_note(same, 2000) is None
+    cut = [*same, RunOutcome("masr", "fused", 0, {}, 1.0, alpha=0.5, valid_sample=700)]
+    note = cases_note(cut, 2000)
+    assert note is not None and "mdr 2,000, mass 2,000, masr 700" in note

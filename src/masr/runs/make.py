@@ -66,6 +66,9 @@ class RunOutcome:
     seconds: float
     valid_full: dict[str, float] = field(default_factory=dict)  # full ranking, same epoch
     alpha: float | None = None  # a fusion's eq. 20 weight (given, or chosen on validation)
+    #: the full-ranking validation cases ``valid_full`` ranked (``--valid-sample``; 0: all):
+    #: a --time-limit may cut a run's, and a fusion ranks as many as the fewest of its parts
+    valid_sample: int = 0
 
 
 def train_run(
@@ -137,6 +140,7 @@ def _reused(
     return RunOutcome(
         run, "reused", best.get("epoch", 0), best.get("valid", {}), 0.0,
         best.get("valid_full", {}), info.get("alpha"),
+        int((info.get("train_config") or {}).get("valid_sample", info.get("valid_sample")) or 0),
     )
 
 
@@ -313,6 +317,7 @@ def _build(
         result.best_valid,
         result.seconds,
         result.extra.get("best_valid_full", {}),
+        valid_sample=int(result.extra["valid_sample"]),
     )
 
 
@@ -421,13 +426,17 @@ def _save_single(
         "finished": now(),
         "history": [],
         "best": {"epoch": 0, "valid": valid, "valid_full": valid_full},
+        "valid_sample": options.train.valid_sample,  # the full-ranking cases valid_full ranked
         "seconds": round(seconds, 3),
         "wall_seconds": round(seconds, 3),
         **extra_info,
     }
     write_run_json(run_dir, info)
     action = "fused" if spec.procedure == "fuse" else "fitted"
-    return RunOutcome(run, action, 0, valid, seconds, valid_full, extra_info.get("alpha"))
+    return RunOutcome(
+        run, action, 0, valid, seconds, valid_full, extra_info.get("alpha"),
+        options.train.valid_sample,
+    )
 
 
 def _fit(
