@@ -488,14 +488,22 @@ def command(
 
 
 def cases_note(outcomes: list[RunOutcome], n_valid: int) -> str | None:
-    """A note under the summary table when its rows' full-ranking figures rank different
-    numbers of validation cases (a time limit cuts a run's; a fusion ranks as many as the
-    fewest of its parts), which makes them differ by sampling noise too; None otherwise."""
+    """A note under the summary table when its rows' full-ranking figures rank fewer than all
+    validation cases (``--valid-sample``), or different numbers of them (a time limit cuts a
+    run's; a fusion ranks as many as the fewest of its parts), which makes them differ by
+    sampling noise too; None when every row ranks every case."""
     cases = {o.run: min(o.valid_sample, n_valid) or n_valid for o in outcomes}
-    if len(set(cases.values())) < 2:
+    counts = set(cases.values())
+    if counts == {n_valid}:
         return None
+    if len(counts) == 1:
+        return (
+            f"note: the full-ranking figures above rank {counts.pop():,} of the {n_valid:,} "
+            "validation cases (--valid-sample); `masr evaluate --split valid` ranks them all"
+        )
     return (
-        "note: the full-ranking figures above rank different numbers of validation cases ("
+        "note: the full-ranking figures above rank different numbers of the "
+        f"{n_valid:,} validation cases ("
         + ", ".join(f"{run} {n:,}" for run, n in cases.items())
         + "), so they differ by sampling noise too"
     )

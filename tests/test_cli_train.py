@@ -684,6 +684,24 @@ def test_the_summary_notes_full_figures_on_different_case_counts() -> None:
     same = [RunOutcome("mdr", "trained", 3, {}, 1.0, valid_sample=2000),
             RunOutcome("mass", "reused", 2, {}, 0.0, valid_sample=0)]
     assert cases_note(same, 2000) is None
+    note = cases_note(same[:1], 2500)
+    assert note is not None and "rank 2,000 of the 2,500 validation cases" in note
     cut = [*same, RunOutcome("masr", "fused", 0, {}, 1.0, alpha=0.5, valid_sample=700)]
     note = cases_note(cut, 2000)
     assert note is not None and "mdr 2,000, mass 2,000, masr 700" in note
+
+
+def test_non_finite_settings_are_refused_and_a_run_says_why_it_stopped(tmp_path: Path) -> None:
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    base = ["train", "--data", str(data), "--runs", str(tmp_path / "runs")]
+    for item in ("shrink=nan", "shrink=inf", "alpha=-inf"):
+        _fails([*base, "--model", "itemknn", "--set", item], f"--set {item}", "finite")
+    _fails([*base, "--model", "mdr", "--set", "init_std=inf"], "finite")
+    assert not (tmp_path / "runs").exists()
+    done = _ok([*base, "--model", "mdr", *TINY])
+    assert "mdr: trained its 2 epoch(s); best epoch" in done.stderr
+    early = _ok([*base, "--model", "mass", *TINY, "--epochs", "30", "--patience", "1",
+                 "--lr", "0.5"])
+    assert "mass: stopped early after" in early.stderr and "(--patience)" in early.stderr

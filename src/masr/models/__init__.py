@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from importlib import import_module
 from typing import TYPE_CHECKING
 
@@ -109,7 +110,10 @@ def _parse_value(item: str, text: str, default: object, annotation: str) -> obje
         if isinstance(default, int) or annotation.startswith("int"):
             return int(text)
         if isinstance(default, float) or annotation.startswith("float"):
-            return float(text)
+            value = float(text)
+            if not math.isfinite(value):  # nan/inf: a model of zeros or NaNs, never wanted
+                raise MasrError(f"--set {item}: must be a finite number")
+            return value
     except ValueError:
         if isinstance(default, bool):
             kind = "bool"

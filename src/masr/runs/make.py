@@ -294,6 +294,7 @@ def _build(
                 log(f"{run}: interrupted in its first epoch (nothing saved to resume from); "
                     "`masr train` with the same options starts it again")
         raise
+    log(f"{run}: {stop_reason(result, train_cfg)}")
     # the full-ranking validation cases it ranked (a --time-limit may have cut them)
     info["train_config"]["valid_sample"] = result.extra["valid_sample"]
     info.update(
@@ -319,6 +320,21 @@ def _build(
         result.extra.get("best_valid_full", {}),
         valid_sample=int(result.extra["valid_sample"]),
     )
+
+
+def stop_reason(result: Any, config: Any) -> str:
+    """Why a training run ended, in one phrase for the log: the time limit, early stopping
+    (no better validation epoch for ``patience`` epochs) or the last epoch."""
+    epochs = len(result.history)
+    best = f"best epoch {result.best_epoch}"
+    if result.extra.get("stopped_by_time_limit"):
+        return f"stopped by --time-limit {config.time_limit:g} after {epochs} epoch(s); {best}"
+    if result.stopped_early:
+        return (
+            f"stopped early after {epochs} epoch(s): no better {config.select}-ranking "
+            f"validation in the last {config.patience} (--patience); {best}"
+        )
+    return f"trained its {epochs} epoch(s); {best}"
 
 
 def _start_epochs(runs_dir: Path, spec: Any) -> dict[str, Any] | None:
