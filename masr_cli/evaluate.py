@@ -129,6 +129,7 @@ def command(
 
       masr evaluate --split valid --plot hits.png
     """
+    from masr.atomic import check_output_file
     from masr.dataset import load_prepared
     from masr.errors import MasrError
     from masr.report import (
@@ -142,10 +143,13 @@ def command(
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise MasrError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
-    if json_out not in (None, "-"):  # before the evaluation, not after it
+    if plot is not None:
+        check_output_file(plot, "--plot")  # before the evaluation, not after it
+    if json_out not in (None, "-"):
         target = Path(json_out)
         if not json_out.strip() or target.is_dir():
             raise MasrError(f"--json {json_out!r}: give a file name (or - for stdout)")
+        check_output_file(target, "--json")
         if plot is not None and target.resolve() == plot.resolve():
             raise MasrError(f"--json {json_out}: the same file as --plot; give two names")
     prepared = load_prepared(data)

@@ -65,9 +65,12 @@ def command(
     `masr synth --playlists 1000000 --songs 2262292 --out mpd.parquet`; MPD has no users, so
     prepare it with each playlist its own user: `masr prep mpd.parquet --user-col playlist_id`.
     """
+    from masr.atomic import check_output_file
     from masr.seed import check_seed
 
     check_seed(seed)
+    if out is not None and str(out) != "-":
+        check_output_file(out, "--out")
     if playlists is not None:
         kwargs = {} if mean_length is None else {"mean_length": mean_length}
         cfg = SynthConfig.sized(

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import enum
+import shlex
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -480,10 +482,15 @@ def command(
     if note:
         console.print(note, highlight=False)
     console.print(
-        f"[green]done[/green]: {runs / name / 'best.pt'}; next: masr evaluate"
-        + ("" if data == Path("data") else f" --data {data}")
-        + ("" if runs == Path("runs") else f" --runs {runs}"),
+        "[green]done[/green]: "
+        + escape(
+            f"{runs / name / 'best.pt'}; next: masr evaluate"
+            # quoted for a shell: the command copies whole, spaces and all
+            + ("" if data == Path("data") else f" --data {shlex.quote(str(data))}")
+            + ("" if runs == Path("runs") else f" --runs {shlex.quote(str(runs))}")
+        ),
         soft_wrap=True,  # one line: the command copies whole
+        highlight=False,
     )
 
 

@@ -705,3 +705,21 @@ def test_non_finite_settings_are_refused_and_a_run_says_why_it_stopped(tmp_path:
     early = _ok([*base, "--model", "mass", *TINY, "--epochs", "30", "--patience", "1",
                  "--lr", "0.5"])
     assert "mass: stopped early after" in early.stderr and "(--patience)" in early.stderr
+
+
+def test_output_paths_below_a_file_fail_before_any_work(tmp_path: Path) -> None:
+    """--json / --plot / synth --out under a path that is a file: one line at once, saying
+    which part is a file (not an OS error after the evaluation)."""
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    (tmp_path / "afile").write_text("x")
+    base = ["evaluate", "--data", str(data), "--runs", str(tmp_path / "none"), "--threads", "1"]
+    for option, name in (("--json", "x.json"), ("--plot", "x.png")):
+        _fails([*base, option, str(tmp_path / "afile" / name)], option, "is a file, not a folder")
+    _fails(["synth", "--out", str(tmp_path / "afile" / "p.csv")], "is a file, not a folder")
+    _fails(["synth", "--out", str(tmp_path)], "is a folder")
+    _ok(["train", "--model", "pop", "--data", str(data), "--runs", str(tmp_path / "my runs")])
+    hint = runner.invoke(app, ["train", "--model", "pop", "--data", str(data), "--runs",
+                               str(tmp_path / "my runs")]).stderr.split("next: ")[-1]
+    assert f"--runs '{tmp_path / 'my runs'}'" in hint  # copies into a shell whole

@@ -78,6 +78,20 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
+def check_output_file(path: str | os.PathLike[str], option: str) -> None:
+    """Refuse (MasrError), before any work, an output file path that cannot be written: an
+    existing folder, or a path below a file (``afile/x.json``); a missing folder on the way is
+    fine (it is created)."""
+    target = Path(path)
+    if target.is_dir():
+        raise MasrError(f"{option} {path}: is a folder; give a file name")
+    for parent in target.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise MasrError(f"{option} {path}: {parent} is a file, not a folder")
+            return
+
+
 def check_replaceable_dir(
     path: str | os.PathLike[str],
     marker: str | None,
