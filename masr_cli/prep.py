@@ -10,7 +10,7 @@ from rich.table import Table
 
 from masr.io import Columns
 from masr.prep import PrepConfig, prepare
-from masr_cli._common import console
+from masr_cli._common import console, log_line
 
 NAME = "prep"
 
@@ -105,7 +105,7 @@ def command(
         columns=columns,
         config=config,
         synth_users=users,
-        log=console.log,
+        log=log_line,
     )
     console.print(stats_table(result.manifest))
     m = result.manifest

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from masr.synth import SynthConfig, write_synthetic
-from masr_cli._common import console
+from masr_cli._common import log_line
 
 NAME = "synth"
 
@@ -35,7 +35,8 @@ def command(
     playlists: Annotated[
         int | None,
         typer.Option(
-            help="Million-Playlist-Dataset shape with this many playlists: catalog 2.26 songs "
+            help="Million-Playlist-Dataset shape with about this many playlists (users draw "
+            "1 + Poisson playlists each, so the count varies a little): catalog 2.26 songs "
             "per playlist, lengths 5..250 with mean 66, power-law popularity.",
             show_default=False,
         ),
@@ -86,6 +87,6 @@ def command(
             names=names,
         )
     rows = write_synthetic(out, cfg)
-    console.log(
+    log_line(
         f"wrote {rows:,} rows ({cfg.users:,} users, {cfg.n_songs:,} songs, seed {seed}) to {out}"
     )

@@ -716,9 +716,10 @@ def test_output_paths_below_a_file_fail_before_any_work(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
     base = ["evaluate", "--data", str(data), "--runs", str(tmp_path / "none"), "--threads", "1"]
     for option, name in (("--json", "x.json"), ("--plot", "x.png")):
-        _fails([*base, option, str(tmp_path / "afile" / name)], option, "is a file, not a folder")
-    _fails(["synth", "--out", str(tmp_path / "afile" / "p.csv")], "is a file, not a folder")
-    _fails(["synth", "--out", str(tmp_path)], "is a folder")
+        below = str(tmp_path / "afile" / name)
+        _fails([*base, option, below], option, "is a file, not a directory")
+    _fails(["synth", "--out", str(tmp_path / "afile" / "p.csv")], "is a file, not a directory")
+    _fails(["synth", "--out", str(tmp_path)], "is a directory")
     _ok(["train", "--model", "pop", "--data", str(data), "--runs", str(tmp_path / "my runs")])
     hint = runner.invoke(app, ["train", "--model", "pop", "--data", str(data), "--runs",
                                str(tmp_path / "my runs")]).stderr.split("next: ")[-1]

@@ -270,8 +270,11 @@ def test_tiny_catalog_takes_all_eligible_negatives(tmp_path):
     rows = [("u", "a", f"s{i}") for i in range(5)] + [("u", "b", f"s{i}") for i in range(3, 8)]
     path = tmp_path / "tiny.csv"
     pl.DataFrame(rows, schema=["user_id", "playlist_id", "track_id"], orient="row").write_csv(path)
-    m = prepare(path, tmp_path / "out").manifest
+    said: list[str] = []
+    m = prepare(path, tmp_path / "out", log=said.append).manifest
     assert m["short_negative_cases"] == m["valid"] + m["test"] > 0
+    assert any(line.startswith(f"warning: {m['short_negative_cases']} case(s) have fewer than")
+               for line in said)
     d = load_prepared(tmp_path / "out")
     for cases in (d.valid, d.test):
         for p, negs in zip(cases.playlist.tolist(), cases.negatives, strict=False):

@@ -84,11 +84,11 @@ def check_output_file(path: str | os.PathLike[str], option: str) -> None:
     fine (it is created)."""
     target = Path(path)
     if target.is_dir():
-        raise MasrError(f"{option} {path}: is a folder; give a file name")
+        raise MasrError(f"{option} {path}: is a directory; give a file name")
     for parent in target.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise MasrError(f"{option} {path}: {parent} is a file, not a folder")
+                raise MasrError(f"{option} {path}: {parent} is a file, not a directory")
             return
 
 

@@ -602,6 +602,13 @@ def _prepare(
             _write(df, tmp / f"{name}.parquet")
             del df
         say(f"sampled negatives in {time.perf_counter() - t0:.2f}s")
+        if manifest["short_negative_cases"]:  # a catalog too small for --negatives
+            say(
+                f"warning: {manifest['short_negative_cases']:,} case(s) have fewer than "
+                f"{config.negatives} negatives: the catalog has too few songs outside their "
+                "playlists; they keep every such song (the sampled protocol ranks against "
+                "fewer, so it is easier there)"
+            )
         manifest["seconds"] = round(time.perf_counter() - t0, 3)
         manifest["tables"] = {f.name: table_digest(f) for f in sorted(tmp.glob("*.parquet"))}
         manifest["fingerprint"] = fingerprint_of(manifest)

@@ -1,8 +1,9 @@
 """Caser (Tang & Wang, WSDM 2018, "Convolutional Sequence Embedding"): the paper's baseline (h).
 
-The last L songs before the row (``window``, L = 4-10; ``masr.sampling.previous_songs``) form an
-L x d "image" E. Horizontal filters of heights h = 1..L slide over it and are max-pooled over
-time, vertical filters weigh its rows (Caser eqs. 3-9):
+The last L songs before the row (``window``; the paper searches L = 4-10, any L >= 1 works;
+``masr.sampling.previous_songs``) form an L x d "image" E. Horizontal filters of heights
+h = 1..L slide over it and are max-pooled over time, vertical filters weigh its rows (Caser
+eqs. 3-9):
 
     o_h   = max_t relu(F^h_k * E[t:t+h, :])           n_h filters per height h   -> (L n_h)
     o_v   = sum_l F~_k[l] E[l, :]                     n_v vertical filters        -> (n_v d)

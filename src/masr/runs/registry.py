@@ -297,7 +297,8 @@ def unused_options(name: str, given: set[str]) -> list[str]:
     """The options in ``given`` (``OPTION_PATHS`` names set on the command line) that no run of
     ``name``'s plan reads: training options for closed-form models (pop, itemknn, ease, als),
     APR's without an APR run, --entity for models without one, --dim for models without a
-    size. ``masr train`` says them on stderr rather than ignoring them silently."""
+    size, --alpha without a fusion. ``masr train`` says them on stderr rather than ignoring
+    them silently."""
     from masr.models import model_class
 
     runs = [run_spec(r) for r in plan(name)]
@@ -312,4 +313,6 @@ def unused_options(name: str, given: set[str]) -> list[str]:
             unused.append(option)
         elif option in ("entity", "dim") and not any(option in f for f in fields_of):
             unused.append(option)
+        elif option == "alpha" and not any(s.procedure == "fuse" for s in runs):
+            unused.append(option)  # eq. 20's weight: only a fusion (masr, amasr) has one
     return unused
