@@ -343,3 +343,36 @@ def test_padded_slots_counts_each_length_sorted_batch_at_its_longest() -> None:
     assert padded_slots(cases, index, 2) == 1 * 2 + 3 * 2 + 10 * 1
     assert padded_slots(cases, index, 5) == 10 * 5
     assert padded_slots(cases, index, 1) == 1 + 1 + 2 + 3 + 10
+
+
+def test_plot_of_many_runs_keeps_its_legend_beside_the_curves(tmp_path: Path, monkeypatch) -> None:
+    """Twenty-two runs: one legend for both panels, outside every panel, and no two of the
+    first twenty runs drawn alike (colour and marker); masr's own solid, baselines dashed."""
+    pytest.importorskip("matplotlib")
+    import masr.figures
+
+    names = ["pop", "itemknn", "ease", "mfbpr", "cml", "fism", "als", "neumf", "cmn", "prme",
+             "transrec", "caser", "mdr", "mass", "masr", "amdr", "amass", "amasr"]
+    names += [f"extra{i}" for i in range(4)]
+    results = {name: _res(0.3 + 0.01 * i, 0.1) for i, name in enumerate(names)}
+    figures = []
+    real = masr.figures.save_png
+
+    def keep(fig, path, **kwargs):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        figures.append((fig.legends[0].get_window_extent(renderer),
+                        [ax.get_window_extent(renderer) for ax in fig.axes],
+                        [(line.get_label(), line.get_color(), line.get_marker(),
+                          line.get_linestyle()) for line in fig.axes[0].lines]))
+        return real(fig, path, **kwargs)
+
+    monkeypatch.setattr(masr.figures, "save_png", keep)
+    out = plot_hit_curves(results, tmp_path / "hits.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ((legend, panels, lines),) = figures
+    assert len(panels) == 2 and not any(legend.overlaps(panel) for panel in panels)
+    assert len(lines) == len(names)
+    assert len({(colour, marker) for _, colour, marker, _ in lines[:20]}) == 20
+    style = {label: dash for label, _, _, dash in lines}
+    assert style["amasr"] == "-" and style["itemknn"] == "--"

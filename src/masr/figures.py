@@ -38,13 +38,18 @@ def pyplot(needed_by: str = "the plots") -> Any:
     return plt
 
 
-def save_png(fig: Any, path: Path, *, dpi: int = 110, option: str = "") -> Path:
+def save_png(
+    fig: Any, path: Path, *, dpi: int = 110, option: str = "", layout: bool = True
+) -> Path:
     """Write ``fig`` as a PNG aside, then rename it into ``path``; close it either way. A
-    write error is one MasrError line (prefixed by ``option`` when a CLI option named it)."""
+    write error is one MasrError line (prefixed by ``option`` when a CLI option named it).
+    ``layout``: tighten the layout first (False: the caller laid it out, e.g. around a
+    legend beside the axes)."""
     from masr.atomic import atomic_path
 
     plt = pyplot()
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format="png", dpi=dpi)

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from masr.config import PROTOCOLS, check_alpha
 from masr.errors import MasrError
 from masr.evaluate import CUTOFFS
@@ -313,20 +311,37 @@ def plot_hit_curves(
     plt = pyplot("--plot")
     path = Path(path)
     protocols = [p for p in PROTOCOLS if any(p in r for r in results.values())]
-    fig, axes = plt.subplots(1, max(1, len(protocols)), figsize=(5 * max(1, len(protocols)), 4))
-    axes = np.atleast_1d(axes)
-    for ax, protocol in zip(axes, protocols, strict=False):
-        for run in run_order(list(results)):
+    runs = run_order(list(results))
+    # one legend for both panels, beside them (never over the curves): as wide as it needs,
+    # in columns of at most 12 runs; each run its own colour and marker (20 before repeating),
+    # masr's own models solid, the baselines dashed
+    columns = max(1, -(-len(runs) // 12))
+    width = 5 * max(1, len(protocols))
+    fig, axes = plt.subplots(
+        1, max(1, len(protocols)), figsize=(width + 1.6 * columns, 4), squeeze=False
+    )
+    colours = plt.get_cmap("tab20").colors
+    ours = {name for name, _ in OURS}
+    for ax, protocol in zip(axes[0], protocols, strict=False):
+        for i, run in enumerate(runs):
             metrics = results[run].get(protocol)
             if metrics:
-                ax.plot(CUTOFFS, [metrics[f"hit@{n}"] for n in CUTOFFS], marker="o", label=run)
+                ax.plot(
+                    CUTOFFS, [metrics[f"hit@{n}"] for n in CUTOFFS], label=run,
+                    color=colours[i % len(colours)], marker="osD^v<>ph*"[i % 10], markersize=4,
+                    linestyle="-" if run.split("@")[0] in ours else "--",
+                )
         ax.set_title(f"{protocol} ranking" + (f" ({title})" if title else ""))
         ax.set_xlabel("N")
         ax.set_ylabel("hit@N")
         ax.set_xticks(CUTOFFS)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return save_png(fig, path, dpi=120, option="--plot")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.tight_layout(rect=(0, 0, width / (width + 1.6 * columns), 1))
+        fig.legend(handles, labels, loc="center right", ncol=columns, fontsize=8,
+                   frameon=False)
+    return save_png(fig, path, dpi=120, option="--plot", layout=not handles)
 
 
 def to_jsonable(results: Any) -> Any:
