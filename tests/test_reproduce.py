@@ -268,6 +268,13 @@ def test_reproduce_end_to_end_then_reuses_every_run(planted_dir: Path, tmp_path:
     # a second reproduce reuses every run: nothing is trained again
     second = _invoke(args)
     assert "trained" not in second and "reused" in second
+    # a run this reproduce does not make (an earlier one's baseline): left out, and said
+    _invoke(["train", "--model", "pop", "--data", str(planted_dir), "--runs",
+             str(out / "runs" / "main")])
+    third = _invoke(args)
+    assert "left out of the tables: pop" in third
+    assert "pop" not in json.loads((out / "table2.json").read_text())
+    assert "pop" not in json.loads((out / "fig7_speed.json").read_text())
 
 
 def test_reproduce_budget_options() -> None:

@@ -51,6 +51,7 @@ from masr.runs.registry import (
     PAPER_BASELINES,
     TABLE3,
     model_config,
+    plan,
     run_order,
 )
 
@@ -100,11 +101,21 @@ def reproduce(
     stage = _Stages(say)
     tables: dict[str, Any] = {}
 
+    from masr.runs import available_runs
+
     with stage("Table 2 and Table 3: the AMASR chain, baselines, ablations"):
         main = runs / "main"
         baselines = [n for n, _ in PAPER_BASELINES + EXTRA_BASELINES] * config.baselines
+        made: set[str] = set()  # the runs of this reproduce (with their dependencies)
         for name in ["amasr", *baselines, *(n for n, _ in ABLATIONS)]:
             _make(name, data, main, base, say)
+            made.update(plan(name))
+        # a run an earlier reproduce left in the folder (before --no-baselines, or with
+        # other settings) is not this one's: the tables leave it out, and say so
+        stale = [n for n in available_runs(main) if n not in made]
+        if stale:
+            say(f"left out of the tables: {', '.join(stale)} in {main} (not made by this "
+                "reproduce: an earlier one's, with other options)")
 
     with stage("Table 2's baselines both ways: user- and playlist-based"):
         tables["entities"] = {}
@@ -127,9 +138,7 @@ def reproduce(
 
     with stage("Table 2 and Table 3: test evaluation"):
         # each run is evaluated on test once, from the runs dir of its chosen entity
-        from masr.runs import available_runs
-
-        names = available_runs(main)
+        names = [n for n in available_runs(main) if n in made]
         table2 = _evaluate(data, main, [n for n in names if n not in moved], config, say)
         for name, where in moved.items():
             table2.update(_evaluate(data, where, [name], config, say))
@@ -185,7 +194,7 @@ def reproduce(
     with stage("Figure 7: seconds per epoch"):
         from masr.analyze import epoch_seconds
 
-        trained = run_order([p.name for p in main.iterdir() if p.is_dir()])
+        trained = run_order([p.name for p in main.iterdir() if p.is_dir() and p.name in made])
         tables["fig7_speed"] = epoch_seconds([main / run for run in trained])
 
     files = _write_tables(out, tables)
