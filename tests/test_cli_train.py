@@ -724,3 +724,22 @@ def test_output_paths_below_a_file_fail_before_any_work(tmp_path: Path) -> None:
     hint = runner.invoke(app, ["train", "--model", "pop", "--data", str(data), "--runs",
                                str(tmp_path / "my runs")]).stderr.split("next: ")[-1]
     assert f"--runs '{tmp_path / 'my runs'}'" in hint  # copies into a shell whole
+
+
+def test_a_reader_says_when_a_run_is_being_trained_now(tmp_path: Path) -> None:
+    """run.json says "running": while its lock is held by a live process, readers say the run
+    is being trained now (not that --resume finishes it); once the lock is gone or stale, the
+    run is an unfinished one as before."""
+    from masr.lock import locked
+    from masr.runs.store import RUN_LOCK, run_warnings
+
+    run = tmp_path / "runs" / "mass"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"run": "mass", "status": "running",
+                                              "history": [{}, {}]}))
+    with locked(run / RUN_LOCK, "masr train"):
+        (note,) = run_warnings(run)
+        assert "is being trained now by masr train (pid" in note and "2 epoch(s)" in note
+        assert "--resume" not in note
+    (note,) = run_warnings(run)
+    assert "is not finished (running, after 2 epoch(s))" in note and "--resume" in note

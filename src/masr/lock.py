@@ -129,6 +129,16 @@ def _read(path: Path, settle: float) -> dict[str, Any] | None:
         time.sleep(0.05)
 
 
+def live_holder(path: str | os.PathLike[str]) -> str | None:
+    """Who holds the lock at ``path`` now (command, pid, host, start), when a live process of
+    this host or any process of another host does; None when the lock is free or stale. For
+    readers, which never take a lock: to say that what they read is still being written."""
+    holder = _read(Path(path), settle=0.0)
+    if not holder or _stale(holder):
+        return None
+    return _who(holder)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -37,6 +37,7 @@ from masr.runs.registry import (
     upgraded,
 )
 from masr.runs.store import (
+    RUN_LOCK,
     UNFINISHED,
     clear,
     load_run,
@@ -51,8 +52,6 @@ if TYPE_CHECKING:
     from masr.models.base import Recommender
     from masr.train import TrainProgress
 
-#: held in ``runs/<run>/`` while the run is being made (``masr.lock``)
-RUN_LOCK = ".lock"
 
 
 @dataclass

@@ -15,6 +15,7 @@ from masr.atomic import atomic_file
 from masr.config import RunOptions
 from masr.distributed import world
 from masr.errors import MasrError
+from masr.lock import live_holder
 from masr.runs.registry import plan, run_order
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ def available_runs(runs_dir: str | Path) -> list[str]:
     return run_order([p.name for p in runs_dir.iterdir() if (p / "best.pt").is_file()])
 
 
+#: held in ``runs/<run>/`` while the run is being made (``masr.lock``)
+RUN_LOCK = ".lock"
 #: run.json statuses of a run that did not finish: its best.pt is the best epoch so far
 UNFINISHED = ("running", "interrupted", "failed")
 
@@ -83,7 +86,11 @@ def run_warnings(run_dir: str | Path) -> list[str]:
     if info.get("status", "finished") in UNFINISHED:
         epochs = len(info.get("history", []))
         name = info.get("run", run_dir.name)
+        training = live_holder(run_dir / RUN_LOCK) if info.get("status") == "running" else None
         notes.append(
+            f"warning: {run_dir} is being trained now by {training}, {epochs} epoch(s) so far: "
+            "its best.pt is the best epoch so far and may change while it is read"
+            if training else
             f"warning: {run_dir} is not finished ({info.get('status')}, after {epochs} "
             f"epoch(s)): its best.pt is the best epoch so far; `masr train --model {name} "
             "--resume` finishes it"
