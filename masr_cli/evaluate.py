@@ -19,6 +19,7 @@ from masr_cli._common import (
     console,
     cpu_threads_line,
     log_after,
+    log_line,
 )
 
 NAME = "evaluate"
@@ -210,7 +211,13 @@ def command(
         from masr.significance import standard_errors
 
         paired = paired_comparisons(results, ranks)
-        console.print(paired_table(paired, split.value))
+        if paired:
+            console.print(paired_table(paired, split.value))
+        else:
+            log_line(
+                "--significance: nothing to compare among these runs (it pairs masr's models "
+                "with the best baseline and with each other: AMDR vs MDR, AMASR vs MASR ...)"
+            )
         for run, by_protocol in ranks.items():
             if run in results:
                 results[run]["se"] = {p: standard_errors(r) for p, r in by_protocol.items()}
@@ -259,8 +266,8 @@ def paired_table(paired: list[dict], split: str) -> Table:
 def two_stage_table(results: dict, candidates: int) -> Table:
     """Full-protocol hit@10 exact and in two stages (MDR proposes ``candidates`` songs)."""
     table = Table(
-        title=f"full ranking, exact vs two-stage: MDR proposes {candidates} songs per case, "
-        "the run ranks them",
+        title=f"full ranking, exact vs two-stage: an MDR proposes {candidates} songs per case "
+        "(a fusion's own MDR part, else the mdr run), the run ranks them",
         title_justify="left",
     )
     for head in ("run", "exact hit@10", "two-stage hit@10", "held-out song proposed"):

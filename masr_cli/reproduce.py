@@ -115,6 +115,9 @@ def _dims(text: str) -> tuple[int, ...]:
     from masr.errors import MasrError
 
     try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise MasrError(f"--dims {text}: expected sizes like 8,16,32,64") from None
+    if len(set(sizes)) != len(sizes):
+        raise MasrError(f"--dims {text}: a size is given twice; give each once")
+    return sizes

@@ -743,3 +743,7 @@ def test_a_reader_says_when_a_run_is_being_trained_now(tmp_path: Path) -> None:
         assert "--resume" not in note
     (note,) = run_warnings(run)
     assert "is not finished (running, after 2 epoch(s))" in note and "--resume" in note
+
+
+def test_reproduce_refuses_a_size_given_twice() -> None:
+    _fails(["reproduce", "--dims", "8,16,8"], "--dims 8,16,8", "twice")

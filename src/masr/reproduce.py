@@ -29,6 +29,7 @@ continues where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -117,12 +118,12 @@ def reproduce(
             say(f"left out of the tables: {', '.join(stale)} in {main} (not made by this "
                 "reproduce: an earlier one's, with other options)")
 
-    with stage("Table 2's baselines both ways: user- and playlist-based"):
-        tables["entities"] = {}
-        moved: dict[str, Path] = {}  # baseline -> runs dir of the entity chosen over its default
-        # one playlist a user (e.g. MPD prepared with --user-col naming the playlist column):
-        # user- and playlist-based are the same model, so there is nothing to choose
-        both = config.entities == "both" and data.n_users != data.n_playlists
+    tables["entities"] = {}
+    moved: dict[str, Path] = {}  # baseline -> runs dir of the entity chosen over its default
+    # one playlist a user (e.g. MPD prepared with --user-col naming the playlist column):
+    # user- and playlist-based are the same model, so there is nothing to choose
+    both = config.entities == "both" and data.n_users != data.n_playlists and bool(baselines)
+    with stage("Table 2's baselines both ways: user- and playlist-based") if both else _quiet():
         for name in baselines if both else []:
             default = getattr(model_config(name, {}), "entity", None)
             if default is None:
@@ -208,6 +209,12 @@ def _default_dim() -> int:
     from masr.models.mdr import MDRConfig
 
     return MDRConfig().dim
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """A stage with nothing to do: no title, no time."""
+    yield
 
 
 class _Stages:

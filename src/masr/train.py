@@ -645,7 +645,8 @@ def train_model(
         if keep < n_full:
             log(
                 f"{title or model.name}: ranking {n_full:,} validation cases against the whole "
-                f"catalog would take about {est_full:.0f} s of each epoch (--time-limit "
+                f"catalog would take about {est_full:.{1 if est_full < 10 else 0}f} s of each "
+                f"epoch (--time-limit "
                 f"{limit:g} s); ranking {keep:,} instead (--valid-sample, or a longer "
                 "--time-limit)"
             )
