@@ -341,3 +341,18 @@ def test_reproduce_trains_the_baselines_both_ways_and_keeps_the_better_on_valida
     assert json.loads((out / "entities.json").read_text()) == {}
     main = to_jsonable(evaluate_runs(data, runs["playlist"], ["mfbpr"], device="cpu"))["mfbpr"]
     assert json.loads((out / "table2.json").read_text())["mfbpr"] == main
+
+
+def test_an_interrupted_reproduce_says_how_to_go_on(
+    planted_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    import masr.runs
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(masr.runs, "train_run", interrupted)
+    result = runner.invoke(app, ["reproduce", "--data", str(planted_dir), "--out",
+                                 str(tmp_path / "results"), "--device", "cpu"])
+    assert result.exit_code == 130
+    assert "the same `masr reproduce` command continues it" in result.stderr

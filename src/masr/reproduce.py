@@ -249,7 +249,13 @@ def _make(name: str, data: Any, runs_dir: Path, options: RunOptions, say: Log) -
     ):
         say(f"{runs_dir.name}/{name}: finished before, reused")
         return
-    for outcome in train_run(name, data, runs_dir, options, log=say):
+    try:
+        outcomes = train_run(name, data, runs_dir, options, log=say)
+    except KeyboardInterrupt:  # the run said how `masr train` goes on; the whole job too
+        say("masr reproduce: interrupted; the same `masr reproduce` command continues it "
+            "(finished runs are reused, the interrupted one is trained again)")
+        raise
+    for outcome in outcomes:
         say(f"{runs_dir.name}/{outcome.run}: {outcome.action} in {outcome.seconds:.1f} s")
 
 
