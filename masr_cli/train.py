@@ -74,6 +74,23 @@ def _recipe_text(name: str, cpu: bool = False) -> str:
     return " ".join(text)
 
 
+#: masr's own models' (MDR, MASS) defaults for the model settings the fullrank recipe sets:
+#: the paper's (``tests/test_cli_train.py`` checks them against the model configs, which the
+#: help cannot import without torch)
+_PAPER_MODEL = {"dropout": 0.2, "mdr.init_std": "none"}
+
+
+def _paper_text() -> str:
+    """``--loss bpr --neg 4 ...``: the options that, given with the default recipe, train what
+    ``--recipe paper`` trains (every value the fullrank recipe sets, at the paper's)."""
+    full = RECIPES["fullrank"]
+    text = [f"--{k.replace('_', '-')} {getattr(_T, k)}" for k in full.get("train", {})]
+    text += [f"--{k.replace('_', '-')} {getattr(_A, k)}" for k in full.get("adversarial", {})]
+    text += [f"--alpha {ALPHA}"] if "alpha" in full.get("", {}) else []
+    text += [f"--set {k}={_PAPER_MODEL[k]}" for k in full.get("model", {})]
+    return " ".join(text)
+
+
 def _recipe_default(section: str, field_name: str) -> str:
     """Help text for an option that the recipes set when it is not given: each recipe's value
     (with the CPU's where it differs), in place of a [default] that would show the paper's."""
@@ -147,7 +164,8 @@ def command(
         typer.Option(
             help="Defaults for the options below that are not given on the command line. "
             "paper: the paper's recipe (BPR of eq. 21 against the closest of 4 uniform "
-            "negatives, epochs chosen by the sampled protocol). fullrank: trained for "
+            "negatives, epochs chosen by the sampled protocol; the same as "
+            f"{_paper_text()} with the default recipe). fullrank: trained for "
             f"whole-catalog ranking, what `masr score` does ({_recipe_text('fullrank')}; "
             f"on a CPU {_recipe_text('fullrank', cpu=True)}). Default: {DEFAULT_RECIPE} for "
             f"masr's own models, {BASELINE_RECIPE} for the baselines. See docs/training.md.",
@@ -160,8 +178,9 @@ def command(
             help="bpr: eq. 21 (CML: its hinge). softmax: cross-entropy of the positive against "
             "--neg negatives shared by the batch, logits = -distance / --temperature, "
             "logQ-corrected, the playlist's own songs masked. The options not given keep the "
-            "recipe's values (--loss bpr alone keeps fullrank's --neg: add --neg 4, or use "
-            "--recipe paper, for the paper's eq. 21)." + _recipe_default("train", "loss"),
+            "recipe's values (--loss bpr alone keeps fullrank's --neg: add --neg 4 for the "
+            "paper's eq. 21, or use --recipe paper for the paper's whole recipe)."
+            + _recipe_default("train", "loss"),
             show_default=False,
         ),
     ] = Loss(_T.loss),

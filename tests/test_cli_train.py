@@ -747,3 +747,28 @@ def test_a_reader_says_when_a_run_is_being_trained_now(tmp_path: Path) -> None:
 
 def test_reproduce_refuses_a_size_given_twice() -> None:
     _fails(["reproduce", "--dims", "8,16,8"], "--dims 8,16,8", "twice")
+
+
+def test_recipe_paper_equals_the_options_its_help_names(tmp_path: Path) -> None:
+    """`--recipe paper` and the default recipe with the options `masr train --help` says are
+    the same train identical runs (MDR's and MASS's model settings included), and the help's
+    model values are the model configs' own defaults."""
+    import shlex
+
+    from conftest import write_planted
+
+    from masr.models.mass import MASSConfig
+    from masr.models.mdr import MDRConfig
+    from masr_cli.train import _PAPER_MODEL, _paper_text
+
+    assert MDRConfig().dropout == MASSConfig().dropout == _PAPER_MODEL["dropout"]
+    assert MDRConfig().init_std is None and _PAPER_MODEL["mdr.init_std"] == "none"
+    data = write_planted(tmp_path / "data")
+    base = ["train", "--model", "amasr", "--data", str(data), *TINY]
+    _ok([*base, "--runs", str(tmp_path / "paper"), "--recipe", "paper"])
+    _ok([*base, "--runs", str(tmp_path / "flags"), *shlex.split(_paper_text())])
+    for run in ("mdr", "mass", "amdr", "amass", "amasr"):
+        paper = json.loads((tmp_path / "paper" / run / "run.json").read_text())
+        flags = json.loads((tmp_path / "flags" / run / "run.json").read_text())
+        assert paper["best"] == flags["best"], run
+        assert paper["model_config"] == flags["model_config"], run
