@@ -43,8 +43,9 @@ Device = choices("Device", DEVICES)
 Threads = Annotated[
     int,
     typer.Option(
-        help="CPU threads for PyTorch; 0 = the cores not kept busy by other work (1-minute "
-        "load average), at least 1, said on stderr. On a busy machine more threads than "
+        help="CPU threads for PyTorch; 0 = the cores not kept busy by other work (the lower "
+        "of the 1-minute load average and a 0.2 s sample of the cores' busy time), at least "
+        "1, said on stderr. On a busy machine more threads than "
         "free cores are several times slower.",
     ),
 ]
