@@ -494,7 +494,9 @@ def test_score_out_writes_through_links_and_pipes(tmp_path: Path, model: Path) -
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got: list[str] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    # a daemon: should scoring fail before it opens the pipe, the blocked reader cannot
+    # keep the test process alive
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
     reader.start()
     result = runner.invoke(app, ["score", str(src), "--model", str(model), "--out", str(fifo)])
     reader.join(timeout=60)

@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from masr.train import TrainProgress
 
 
-
 @dataclass
 class RunOutcome:
     """What ``train_run`` did with one run of the plan."""
