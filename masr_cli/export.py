@@ -63,8 +63,8 @@ def command(
         typer.Option(
             help="Catalog songs per step of the graph's MASS loop. 256 is cache-sized, the "
             "fastest measured on CPU; for scoring on CUDA use one step over the whole catalog "
-            "(any value >= its size, e.g. 65536: 3.3x faster on an H200). Scores do not "
-            "depend on it.",
+            "(any value >= its size, e.g. 65536: 3.3x faster on an H200). Rankings do not "
+            "depend on it (scores only by float32 rounding).",
         ),
     ] = EXPORT_CHUNK,
     external_data: Annotated[

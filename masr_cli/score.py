@@ -93,7 +93,7 @@ def command(
             metavar="N",
             help="Songs MDR proposes per playlist for the fusion to re-rank, in a two-stage "
             "export (masr export --candidates) \\[default: the export's]; N >= the catalog "
-            "gives the exact scores. An exact export refuses it.",
+            "gives the exact export's rankings. An exact export refuses it.",
             show_default=False,
         ),
     ] = None,

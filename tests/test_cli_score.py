@@ -563,3 +563,33 @@ def test_export_out_naming_a_folder_is_refused(tmp_path: Path, runs: Path) -> No
         assert "is a folder; give a file name" in result.stderr
     assert not (tmp_path / "new").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_candidate_counts_out_of_range_and_two_stage_hints(tmp_path: Path, runs: Path) -> None:
+    """A count past int32 is one line (not an ONNX Runtime traceback); a one-part export asked
+    for --candidates says two stages need a fusion; an export whose N is below score's default
+    K says so, and score names whose N is too small."""
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    huge = str(10**20)
+    for args in (["export", "--runs", str(runs), "--candidates", huge],
+                 ["export", "--runs", str(runs), "--chunk", huge],
+                 ["score", str(src), "--candidates", huge]):
+        result = runner.invoke(app, [*args, "--out", str(tmp_path / "x.onnx")])
+        assert result.exit_code == 1 and "at most 2,147,483,647" in result.stderr, args
+        assert "Traceback" not in result.stderr
+    part = tmp_path / "mdr.onnx"
+    assert runner.invoke(app, ["export", "--runs", str(runs), "--model", "mdr", "--out",
+                               str(part)]).exit_code == 0
+    result = runner.invoke(app, ["score", str(src), "--model", str(part), "--candidates", "5"])
+    assert result.exit_code == 1 and "one-part export (mdr)" in result.stderr
+    small = tmp_path / "n5.onnx"
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--candidates", "5", "--out",
+                                 str(small)])
+    assert result.exit_code == 0 and "below masr score's default --k 10" in result.stderr
+    result = runner.invoke(app, ["score", str(src), "--model", str(small)])
+    assert result.exit_code == 1 and "of this two-stage export" in result.stderr
+    result = runner.invoke(app, ["score", str(src), "--model", str(small), "--candidates", "7"])
+    assert result.exit_code == 1 and "asked for (--candidates)" in result.stderr
+    result = runner.invoke(app, ["score", str(src), "--model", str(small), "--k", "5"])
+    assert result.exit_code == 0, result.stderr

@@ -77,3 +77,9 @@ def test_cli_candidates_at_catalog_size_match_the_exact_figures(tmp_path):
     assert result.exit_code == 0, (result.stderr, result.exception)
     two = json.loads(result.stdout)["masr"]["two_stage"]
     assert 0 <= two["proposed"] <= 1 and two["hit@10"] <= two["proposed"]
+    # a fusion's other weights (--alpha) get their two-stage figures too, as `masr export
+    # --alpha A --candidates N` serves them: at the catalog's size, the exact ones
+    result = runner.invoke(app, [*base, "--alpha", "0.3", "--candidates", "100000", "--json", "-"])
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    variant = json.loads(result.stdout)["masr@α=0.3"]
+    assert {k: variant["two_stage"][k] for k in variant["full"]} == variant["full"]

@@ -514,14 +514,29 @@ class ExportConfig:
             check_alpha(self.alpha)
         if self.chunk < 1:
             raise MasrError(f"--chunk {self.chunk}: must be >= 1")
+        _check_song_count("--chunk", self.chunk)
         if self.candidates is not None and self.candidates < 1:
             raise MasrError(f"--candidates {self.candidates}: must be >= 1")
+        _check_song_count("--candidates", self.candidates)
         if self.fold_in not in FOLD_IN_MODES:
             raise MasrError(f"--fold-in {self.fold_in}: choose one of {_list(FOLD_IN_MODES)}")
         if self.unknown_user not in UNKNOWN_USER_MODES:
             raise MasrError(
                 f"unknown_user {self.unknown_user!r}: choose one of {UNKNOWN_USER_MODES}"
             )
+
+
+#: the largest song count an option may give (the graphs hold counts as int64, ONNX Runtime
+#: its shapes; a count past any catalog means the whole catalog anyway)
+MAX_SONG_COUNT = 2**31 - 1
+
+
+def _check_song_count(option: str, value: int | None) -> None:
+    if value is not None and value > MAX_SONG_COUNT:
+        raise MasrError(
+            f"{option} {value}: at most {MAX_SONG_COUNT:,} (any count from the catalog's size "
+            "up means the whole catalog)"
+        )
 
 
 @dataclass(frozen=True)
@@ -556,6 +571,7 @@ class ScoreConfig:
             raise MasrError(f"--workers {self.workers}: must be >= 1")
         if self.candidates is not None and self.candidates < 1:
             raise MasrError(f"--candidates {self.candidates}: must be >= 1")
+        _check_song_count("--candidates", self.candidates)
         if self.engine not in SCORE_ENGINES:
             raise MasrError(f"--engine {self.engine}: choose one of {_list(SCORE_ENGINES)}")
         if self.out_format not in SCORE_FORMATS:

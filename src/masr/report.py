@@ -148,9 +148,15 @@ def evaluate_runs(
             )
             log(f"{run}: two-stage ({candidates} candidates) in {time.perf_counter() - t0:.1f} s")
         for a in alphas if hasattr(model, "with_alpha") else ():
-            if f"{run}@α={a:g}" not in results:
-                fused = model.with_alpha(a).to(dev)  # type: ignore[operator]
-                results[f"{run}@α={a:g}"] = evaluate(fused, None, f"{run}@α={a:g}")[""]
+            name = f"{run}@α={a:g}"
+            fused = model.with_alpha(a).to(dev)  # type: ignore[operator]
+            if name not in results:
+                results[name] = evaluate(fused, None, name)[""]
+            if candidates:  # as `masr export --alpha A --candidates N` would serve it
+                results[name]["two_stage"] = two_stage_metrics(
+                    fused.eval(), fused.parts()[0], data, split, index, candidates, full_sample,
+                    sample_seed,
+                )
     # table order: each run, then its fusion weights
     keys = [k for run in order for k in (run, *(f"{run}@α={a:g}" for a in alphas)) if k in results]
     return {k: results[k] for k in keys}

@@ -822,6 +822,13 @@ def _two_stage(
     stage to size (one line naming the export option)."""
     if not model.two_stage:
         if config.candidates is not None:
+            kind = str(model.metadata.get("model", ""))
+            if kind not in ("masr", "amasr"):  # one part: nothing to re-rank with
+                raise MasrError(
+                    f"--candidates {config.candidates}: {path} is a one-part export ({kind}), "
+                    "which scores every song; two stages need a fusion: masr export --model "
+                    f"amasr --candidates {config.candidates}"
+                )
             raise MasrError(
                 f"--candidates {config.candidates}: {path} is an exact export (the fusion scores "
                 "every song); export a two-stage model with masr export --candidates "
@@ -831,14 +838,16 @@ def _two_stage(
     n = config.candidates or int(model.metadata["candidates"])
     k = min(config.k, model.n_songs)
     if n < k:
+        whose = "asked for (--candidates)" if config.candidates else "of this two-stage export"
         raise MasrError(
-            f"--k {config.k}: more than the {n:,} candidates per playlist of this two-stage "
-            f"export; pass --candidates {k} or more"
+            f"--k {config.k}: more than the {n:,} candidates per playlist {whose}; pass "
+            f"--candidates {k} or more, or a smaller --k"
         )
     model.use_candidates(config.candidates)
+    proposed = min(n, model.n_songs)
     say(
-        f"two-stage: MDR proposes {min(n, model.n_songs):,} songs per playlist, the fusion "
-        "re-ranks them (exact: an export without --candidates)"
+        f"two-stage: MDR proposes {proposed:,} song{'' if proposed == 1 else 's'} per "
+        "playlist, the fusion re-ranks them (exact: an export without --candidates)"
     )
 
 

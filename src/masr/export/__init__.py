@@ -52,7 +52,7 @@ import onnx
 
 from masr import __version__
 from masr.atomic import atomic_group, check_not_inside
-from masr.config import ALPHA, FOLD_IN_MODES, UNKNOWN_USER_MODES, ExportConfig
+from masr.config import ALPHA, FOLD_IN_MODES, UNKNOWN_USER_MODES, ExportConfig, ScoreConfig
 from masr.config import EXPORT_KINDS as KINDS
 from masr.errors import MasrError
 from masr.export import external
@@ -132,6 +132,11 @@ def export_model(
         unused = "mass" if alpha == 1.0 else "mdr"
         say(f"α {alpha:g}: eq. 20 gives the {unused} part no weight; exporting the other alone")
         mdr, mass = (mdr, None) if alpha == 1.0 else (None, mass)
+    if config.candidates is not None and config.candidates < ScoreConfig().k:
+        say(
+            f"note: --candidates {config.candidates} is below masr score's default --k "
+            f"{ScoreConfig().k}: score this export with --k {config.candidates} or less"
+        )
     if config.candidates is not None and (mdr is None or mass is None):
         raise MasrError(
             f"--candidates: {kind} is one part; the two-stage graph proposes with MDR and "
