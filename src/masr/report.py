@@ -149,6 +149,8 @@ def evaluate_runs(
             log(f"{run}: two-stage ({candidates} candidates) in {time.perf_counter() - t0:.1f} s")
         for a in alphas if hasattr(model, "with_alpha") else ():
             name = f"{run}@α={a:g}"
+            if name in results and not candidates:  # scored with its MASS run already
+                continue
             fused = model.with_alpha(a).to(dev)  # type: ignore[operator]
             if name not in results:
                 results[name] = evaluate(fused, None, name)[""]
