@@ -433,6 +433,13 @@ def command(
         from masr.runs import plan, run_spec
 
         settings = parse_settings([run_spec(r).model for r in plan(name)], set_)
+        for key in ("dim", "entity", "reg"):  # also an option: two values would be a guess
+            option = options.model.get(key)
+            if key in settings and _given(ctx, key) and option != settings[key]:
+                raise MasrError(
+                    f"--{key} {option} and --set {key}={settings[key]}: two values for one "
+                    "setting; give one"
+                )
         options.model.update(settings)
     explicit = {p for p in OPTION_PATHS if _given(ctx, p)}
     from masr.runs import default_recipe

@@ -772,3 +772,18 @@ def test_recipe_paper_equals_the_options_its_help_names(tmp_path: Path) -> None:
         flags = json.loads((tmp_path / "flags" / run / "run.json").read_text())
         assert paper["best"] == flags["best"], run
         assert paper["model_config"] == flags["model_config"], run
+
+
+def test_one_setting_given_two_values_is_refused(tmp_path: Path) -> None:
+    """--dim 16 with --set dim=8, --reg with ease's --set reg, or one --set name twice with
+    different values: one line naming both, nothing trained; the same value twice is fine."""
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    base = ["train", "--data", str(data), "--runs", str(tmp_path / "runs")]
+    _fails([*base, "--model", "mdr", "--dim", "16", "--set", "dim=8"], "--dim 16", "dim=8")
+    _fails([*base, "--model", "ease", "--reg", "5", "--set", "reg=7"], "two values")
+    _fails([*base, "--model", "mdr", "--set", "dropout=0.1", "--set", "dropout=0.3"],
+           "--set dropout: given twice")
+    assert not (tmp_path / "runs").exists()
+    _ok([*base, "--model", "mdr", *TINY, "--set", "dim=8", "--set", "dim=8"])

@@ -93,7 +93,10 @@ def parse_settings(names: list[str], items: list[str]) -> dict[str, object]:
                 f"--set {item}: expected NAME=VALUE with NAME one of "
                 f"{', '.join(settable) or '(none)'} for {'/'.join(names)}"
             )
-        out[key] = _parse_value(item, text.strip(), known[key], str(known[key + ":type"]))
+        value = _parse_value(item, text.strip(), known[key], str(known[key + ":type"]))
+        if key in out and out[key] != value:  # a repeated --set: which one was meant?
+            raise MasrError(f"--set {key}: given twice ({out[key]} and {value}); give it once")
+        out[key] = value
     return out
 
 
