@@ -593,3 +593,10 @@ def test_candidate_counts_out_of_range_and_two_stage_hints(tmp_path: Path, runs:
     assert result.exit_code == 1 and "asked for (--candidates)" in result.stderr
     result = runner.invoke(app, ["score", str(src), "--model", str(small), "--k", "5"])
     assert result.exit_code == 0, result.stderr
+
+
+def test_fold_in_on_an_export_without_mdr_is_noted(tmp_path: Path, runs: Path) -> None:
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--model", "mass", "--fold-in",
+                                 "mean", "--out", str(tmp_path / "mass.onnx")])
+    assert result.exit_code == 0, result.stderr
+    assert "--fold-in mean not used" in result.stderr

@@ -98,6 +98,9 @@ def test_bootstrap_resamples_whole_cases() -> None:
     row = pairs.summary(100, seed=1)
     assert row["pearson_se"] == pytest.approx(se, abs=1e-6) and row["resamples"] == 100
     assert "pearson_se" not in pairs.summary()
+    one = AttentionPairs("x", "r", pmi[case == 2], pairs.weight[case == 2], 1,
+                         np.zeros(lengths[2], dtype=case.dtype))
+    assert all(np.isnan(e) for e in one.standard_errors(100, seed=1))  # one case: no spread
 
 
 def test_equal_weights_follow_the_member_count_only() -> None:

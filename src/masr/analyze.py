@@ -78,8 +78,9 @@ class AttentionPairs:
 
     def standard_errors(self, resamples: int, seed: int = 0) -> tuple[float, float]:
         """Bootstrap standard errors of (pearson, pearson_within) over cases (a case's member
-        slots are not independent, so cases are resampled whole); NaN without resamples."""
-        if resamples < 2:
+        slots are not independent, so cases are resampled whole); NaN without resamples, or
+        with fewer than two cases (every resample would be the one case: no spread to see)."""
+        if resamples < 2 or self.cases < 2:
             return float("nan"), float("nan")
         rng = np.random.default_rng(seed)
         draws = np.array([(q.pearson, q.pearson_within)

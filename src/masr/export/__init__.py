@@ -243,6 +243,8 @@ def _fold_in(
     fitted on the prepared data's training playlists, and what the metadata says of them; no
     maps under ``mean``, without an MDR part, or with too few playlists to fit (said)."""
     if mdr is None:
+        if mode != "map":  # the default; another mode given explicitly has nothing to act on
+            say(f"note: --fold-in {mode} not used: the export has no MDR part to fold into")
         return None, None
     if mode == "mean":
         return None, {"mode": "mean"}
