@@ -164,7 +164,10 @@ def handle_errors(func: F) -> F:
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
         except MemoryError:
-            raise fail("out of memory; try a smaller --batch-size or a smaller input") from None
+            raise fail(
+                "out of memory; try a smaller input or smaller sizes (train, evaluate and "
+                "score: a smaller --batch-size)"
+            ) from None
         except OSError as exc:  # a full disk, a read-only folder: the file and the reason
             if _broken_pipe(exc):  # `masr score ... | head`: stop quietly, as Unix tools do
                 _quiet_stdout()

@@ -83,7 +83,10 @@ def command(
     Drops duplicate (playlist, song) rows, then outliers (--max-playlist-songs,
     --max-user-playlists), then repeats the k-core filter (--min-songs, --min-song-playlists)
     until stable. Holds out one random song per playlist for validation and one for test, and
-    stores --negatives sampled catalog songs with each case. Writes Parquet tables and
+    stores --negatives sampled catalog songs with each case. A held-out song that no training
+    row holds cannot be ranked: its case is dropped (counted as "cases dropped"), so a kept
+    playlist may hold fewer songs than --min-songs in the tables, and the statistics (counted
+    after the k-core, before the split) include those rows. Writes Parquet tables and
     manifest.json to --out and prints the dataset statistics (the paper's Table 1) on stderr.
 
     Example: masr prep playlists.csv.gz --playlist-col pid --track-col track_uri --out data

@@ -20,7 +20,7 @@ def command(
             "--out",
             "-o",
             help="File to write: .csv, .tsv or .parquet, with .gz for gzipped CSV/TSV; - for "
-            "CSV on stdout.",
+            "CSV on stdout; any other name is written as CSV.",
         ),
     ],
     seed: Annotated[int, typer.Option(help="Seed of the generator (same seed, same rows).")] = 0,
@@ -37,7 +37,7 @@ def command(
         typer.Option(
             help="Million-Playlist-Dataset shape with about this many playlists (users draw "
             "1 + Poisson playlists each, so the count varies a little): catalog 2.26 songs "
-            "per playlist, lengths 5..250 with mean 66, power-law popularity.",
+            "per playlist (at least 200), lengths 5..250 with mean 66, power-law popularity.",
             show_default=False,
         ),
     ] = None,
@@ -48,7 +48,9 @@ def command(
     mean_length: Annotated[
         float | None,
         typer.Option(
-            help="Mean playlist length before deduplication (default 14; 66 with --playlists).",
+            help="Mean playlist length before deduplication (default 14; 66 with --playlists). "
+            "Lengths are cut at 60 (250 with --playlists), so a mean near that cut comes out "
+            "lower.",
             show_default=False,
         ),
     ] = None,
@@ -87,6 +89,8 @@ def command(
             names=names,
         )
     rows = write_synthetic(out, cfg)
+    users_word = "user" if cfg.users == 1 else "users"
     log_line(
-        f"wrote {rows:,} rows ({cfg.users:,} users, {cfg.n_songs:,} songs, seed {seed}) to {out}"
+        f"wrote {rows:,} rows ({cfg.users:,} {users_word}, {cfg.n_songs:,} songs, seed {seed}) "
+        f"to {out}"
     )

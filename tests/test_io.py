@@ -541,3 +541,10 @@ def test_list_columns_of_different_lengths_are_named(tmp_path):
     ).write_parquet(path)
     msg = _error(path)
     assert "differ in length" in msg and "unreadable" not in msg
+
+
+def test_an_empty_mpd_slice_says_it_has_no_playlists(tmp_path):
+    path = tmp_path / "empty.json"
+    path.write_text('{"playlists": []}')
+    msg = _error(path)
+    assert "no playlists in it" in msg

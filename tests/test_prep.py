@@ -394,3 +394,12 @@ def test_table_digest_is_of_the_content_not_the_file_bytes(
     ):
         changed.write_parquet(b)
         assert table_digest(b) != table_digest(a)
+
+
+def test_negatives_past_any_catalog_are_one_line():
+    import pytest
+
+    from masr.prep import PrepConfig
+
+    with pytest.raises(MasrError, match="--negatives .*at most 2,147,483,647"):
+        PrepConfig(negatives=10**20).validate()

@@ -106,3 +106,18 @@ def test_bad_settings_are_clear_errors(tmp_path):
         synthesize(SynthConfig(users=0))
     with pytest.raises(MasrError, match="is a directory"):
         write_synthetic(tmp_path, SynthConfig(users=5))
+
+
+def test_sizes_past_the_generator_are_one_line() -> None:
+    """Sizes numpy cannot allocate (or a machine could not hold) are refused before any work,
+    naming the option given."""
+    import pytest
+
+    from masr.errors import MasrError
+    from masr.synth import SYNTH_MAX, SynthConfig
+
+    with pytest.raises(MasrError, match="--playlists"):
+        SynthConfig.sized(SYNTH_MAX + 1)
+    for kwargs, option in (({"users": 10**19}, "--users"), ({"songs": 10**23}, "--songs")):
+        with pytest.raises(MasrError, match=option):
+            SynthConfig(**kwargs).validate()

@@ -329,6 +329,8 @@ def mpd_json(path: Path, *, empty_playlists: bool = False) -> pl.LazyFrame:
             df = pl.read_json(io.BytesIO(data))
         except Exception as exc:  # zlib and polars raise several error types
             raise MasrError(f"{part}: unreadable JSON ({one_line(exc)})") from None
+        if _empty_slice(df):  # {"playlists": []}: in the layout, with nothing in it
+            continue
         playlist = _struct_fields(df.schema.get("playlists"))
         track = _struct_fields(playlist.get("tracks"))
         if "pid" not in playlist or "track_uri" not in track:
@@ -353,7 +355,17 @@ def mpd_json(path: Path, *, empty_playlists: bool = False) -> pl.LazyFrame:
             named.append(pl.col("pos").alias("position"))
         named += [pl.col(c) for c in SONG_EXTRAS if c in track]  # the rest is not read
         frames.append(rows.select(named))
+    if not frames:
+        raise MasrError(f"{path}: no playlists in it (an empty \"playlists\" list)")
     return pl.concat(frames, how="diagonal_relaxed").lazy()
+
+
+def _empty_slice(df: pl.DataFrame) -> bool:
+    """An MPD slice whose ``playlists`` list is empty (its schema says nothing of the layout)."""
+    if "playlists" not in df.columns or df.height != 1:
+        return False
+    column = df["playlists"]
+    return isinstance(column.dtype, pl.List) and int(column.list.len().fill_null(0).sum()) == 0
 
 
 def _struct_fields(dtype: pl.DataType | None) -> dict[str, pl.DataType]:

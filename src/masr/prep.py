@@ -35,6 +35,7 @@ import numpy as np
 import polars as pl
 
 from masr.atomic import atomic_dir, check_replaceable_dir
+from masr.config import MAX_SONG_COUNT
 from masr.dataset import FORMAT_VERSION, MANIFEST, fingerprint_of
 from masr.errors import MasrError
 from masr.io import POSITION, SONG_EXTRAS, Columns, RawInput, read_interactions
@@ -76,6 +77,8 @@ class PrepConfig:
             )
         if self.negatives < 1:
             raise MasrError(f"--negatives must be at least 1 (got {self.negatives})")
+        if self.negatives > MAX_SONG_COUNT:  # past any catalog; numpy cannot size the draw
+            raise MasrError(f"--negatives {self.negatives}: at most {MAX_SONG_COUNT:,}")
         check_seed(self.seed)
 
 

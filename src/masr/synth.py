@@ -33,6 +33,10 @@ from masr.errors import MasrError
 COLUMNS = ("user_id", "playlist_id", "track_id", "position", "track_name", "artist_name")
 
 
+#: the largest --users, --playlists or --songs ``masr synth`` makes
+SYNTH_MAX = 100_000_000
+
+
 @dataclass(frozen=True)
 class SynthConfig:
     """Size and shape of the synthetic world. Defaults give the embedded dataset."""
@@ -79,6 +83,8 @@ class SynthConfig:
         """
         if playlists < 1:
             raise MasrError(f"--playlists must be at least 1 (got {playlists})")
+        if playlists > SYNTH_MAX:
+            raise MasrError(f"--playlists {playlists}: at most {SYNTH_MAX:,}")
         users = playlists if users is None else users
         if users < 1:
             raise MasrError(f"--users must be at least 1 (got {users})")
@@ -100,6 +106,15 @@ class SynthConfig:
     def validate(self) -> None:
         if self.users < 1:
             raise MasrError(f"--users must be at least 1 (got {self.users})")
+        # a hundred times MPD's million playlists: past it, the generator's arrays do not fit
+        # a machine (numpy would fail in an opaque way)
+        for option, value in (
+            ("--users", self.users),
+            ("--playlists", round(self.users * self.playlists_per_user)),
+            ("--songs", self.songs or 0),
+        ):
+            if value > SYNTH_MAX:
+                raise MasrError(f"{option} {value}: at most {SYNTH_MAX:,}")
         if self.playlists_per_user < 1:
             raise MasrError("playlists_per_user must be at least 1")
         if not 5 <= self.songs_per_playlist <= self.max_playlist_songs:
