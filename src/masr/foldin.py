@@ -52,7 +52,7 @@ class FoldInMaps:
     without_user: np.ndarray  # (d + 1, d): [mean, 1] -> p
     playlists: int  # training playlists fitted on
     r2: float  # share of the learned p's variance the map with the user explains
-    user: np.ndarray | None = None  # (d + 1, d): [mean, 1] -> u of a new user
+    user: np.ndarray  # (d + 1, d): [mean, 1] -> u of a new user
 
 
 def _ridge(x: np.ndarray, y: np.ndarray, ridge: float) -> np.ndarray:
@@ -114,8 +114,10 @@ def fit_playlist_maps(
     target = playlist[fitted].astype(np.float64)  # (n, d)
     x_u = np.concatenate([mean, u], axis=1)  # (n, 2d)
     with_user = _ridge(x_u, target, ridge)  # (2d + 1, d)
-    without_user = _ridge(mean, target, ridge)  # (d + 1, d)
-    user_map = _ridge(mean, u, ridge)  # (d + 1, d)
+    # p and u from the songs' mean alone: one solve for both targets (the columns of a ridge
+    # solution are independent; λ depends on the inputs only)
+    from_mean = _ridge(mean, np.concatenate([target, u], axis=1), ridge)  # (d + 1, 2d)
+    without_user, user_map = from_mean[:, :d], from_mean[:, d:]
     residual = float(np.square(x_u @ with_user[:-1] + with_user[-1] - target).sum())
     spread = float(np.square(target - target.mean(0)).sum())
     return FoldInMaps(
@@ -132,16 +134,17 @@ def fold_playlists(
 ) -> np.ndarray:
     """p (B, d) of new playlists from their songs' mean (B, d) and, where ``known_user`` (B,)
     holds, their user's vector ``user`` (B, d; other rows ignored)."""
-    ones = np.ones((mean.shape[0], 1), dtype=np.float64)
-    mean = mean.astype(np.float64)
-    with_user = np.concatenate([mean, user.astype(np.float64), ones], axis=1) @ maps.with_user
-    without_user = np.concatenate([mean, ones], axis=1) @ maps.without_user
+    with_user = _affine(mean, user) @ maps.with_user
+    without_user = _affine(mean) @ maps.without_user
     return np.where(known_user[:, None], with_user, without_user).astype(np.float32)
 
 
 def fold_users(maps: FoldInMaps, mean: np.ndarray) -> np.ndarray:
     """u (B, d) of users MDR never saw, from the mean (B, d) of their playlist's songs."""
-    if maps.user is None:
-        raise ValueError("these maps have no user map")
-    ones = np.ones((mean.shape[0], 1), dtype=np.float64)
-    return (np.concatenate([mean.astype(np.float64), ones], axis=1) @ maps.user).astype(np.float32)
+    return (_affine(mean) @ maps.user).astype(np.float32)
+
+
+def _affine(*parts: np.ndarray) -> np.ndarray:
+    """[parts..., 1] (B, k + 1) in float64: a map's input rows."""
+    ones = np.ones((parts[0].shape[0], 1), dtype=np.float64)
+    return np.concatenate([*(p.astype(np.float64) for p in parts), ones], axis=1)

@@ -303,7 +303,7 @@ def scan(path: Path, kind: str, gz: bool, *, empty_playlists: bool = False) -> p
         if path.is_dir():  # key=value folders become columns, as the writer meant them
             return pl.scan_parquet(parquet_parts(path), hive_partitioning=True)
         return pl.scan_parquet(path)
-    return _scan_text(path, kind, quote_char(path, kind))
+    return _without_blank_rows(_scan_text(path, kind, quote_char(path, kind)))
 
 
 #: the field separator of each text kind ``detect_format`` tells apart
@@ -376,11 +376,15 @@ def _struct_fields(dtype: pl.DataType | None) -> dict[str, pl.DataType]:
 
 
 def _scan_text(path: Path, kind: str, quote: str | None) -> pl.LazyFrame:
-    """The rows of a CSV/TSV file, every column a String, without its blank rows: an empty
-    line (a trailing newline too many, a gap) or a row of separators only (``,,`` from a
-    spreadsheet) holds no interaction, so it is skipped rather than read as empty ids. (Data
-    row numbers in later error lines count the rows kept.)"""
-    lf = pl.scan_csv(path, separator=_SEPARATORS[kind], infer_schema=False, quote_char=quote)
+    return pl.scan_csv(path, separator=_SEPARATORS[kind], infer_schema=False, quote_char=quote)
+
+
+def _without_blank_rows(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """A CSV/TSV file's rows (every column a String) without its blank ones: an empty line (a
+    trailing newline too many, a gap) or a row of separators only (``,,`` from a spreadsheet)
+    holds no interaction, so it is skipped rather than read as empty ids. (Data row numbers in
+    later error lines count the rows kept.) Applied where the rows are read, not in the quoting
+    probe, which only parses."""
     blank = pl.all_horizontal(pl.all().is_null() | (pl.all().str.strip_chars() == ""))
     return lf.filter(~blank)
 

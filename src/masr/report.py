@@ -156,8 +156,8 @@ def evaluate_runs(
                 results[name] = evaluate(fused, None, name)[""]
             if candidates:  # as `masr export --alpha A --candidates N` would serve it
                 results[name]["two_stage"] = two_stage_metrics(
-                    fused.eval(), fused.parts()[0], data, split, index, candidates, full_sample,
-                    sample_seed,
+                    fused.eval(), _proposer(fused, runs_dir, data, dev, shared_mdr), data,
+                    split, index, candidates, full_sample, sample_seed,
                 )
     # table order: each run, then its fusion weights
     keys = [k for run in order for k in (run, *(f"{run}@α={a:g}" for a in alphas)) if k in results]

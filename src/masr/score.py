@@ -41,7 +41,7 @@ from typing import IO, Any
 import numpy as np
 import polars as pl
 
-from masr.atomic import atomic_file, check_replaceable_dir
+from masr.atomic import atomic_file, check_output_file, check_replaceable_dir
 from masr.config import ScoreConfig
 from masr.errors import MasrError
 from masr.io import (
@@ -793,15 +793,16 @@ def check_paths(
             raise MasrError(
                 f"--out {out}: holds other files than Parquet parts; give a new directory"
             )
-    elif out is not None and Path(out).is_dir():
-        raise MasrError(f"--out {out}: is a directory; give a file name")
-    elif out is not None and Path(out).exists() and Path(out).samefile(input):
-        # the output is written aside and renamed over its path: the input would be lost
-        raise MasrError(f"--out {out}: is the input; give another file name")
-    elif out is not None and model is not None and Path(out).exists():
-        for part in (Path(model), *(sidecar(model, w) for w in ("json", WEIGHTS, *ID_MAPS))):
-            if part.exists() and Path(out).samefile(part):
-                raise MasrError(f"--out {out}: is the model's file {part}; give another file name")
+    elif out is not None:
+        check_output_file(out, "--out")  # a directory, or a path below a file
+        # the output is written aside and renamed over its path: what it names would be lost
+        model_files = [] if model is None else [
+            Path(model), *(sidecar(model, w) for w in ("json", WEIGHTS, *ID_MAPS))
+        ]
+        for part, what in ((input, "the input"), *((p, f"the model's file {p}")
+                                                    for p in model_files)):
+            if Path(out).exists() and part.exists() and Path(out).samefile(part):
+                raise MasrError(f"--out {out}: is {what}; give another file name")
     return lf
 
 

@@ -132,10 +132,11 @@ def export_model(
         unused = "mass" if alpha == 1.0 else "mdr"
         say(f"α {alpha:g}: eq. 20 gives the {unused} part no weight; exporting the other alone")
         mdr, mass = (mdr, None) if alpha == 1.0 else (None, mass)
-    if config.candidates is not None and config.candidates < ScoreConfig().k:
+    default_k = ScoreConfig().k
+    if config.candidates is not None and config.candidates < default_k:
         say(
             f"note: --candidates {config.candidates} is below masr score's default --k "
-            f"{ScoreConfig().k}: score this export with --k {config.candidates} or less"
+            f"{default_k}: score this export with --k {config.candidates} or less"
         )
     if config.candidates is not None and (mdr is None or mass is None):
         raise MasrError(

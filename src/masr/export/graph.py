@@ -247,7 +247,7 @@ def _mdr_distance(
     if fold_in is not None:
         one_col = g.op("Expand", g.const("one_col", [[1.0]], np.float32), g.op("Shape", known_u))
         by_songs = g.op("Concat", s_mean, one_col, axis=1)  # (B, d+1)
-        if fold_in.user is not None and unknown_user == "members":  # a new user: [m, 1] W_user
+        if unknown_user == "members":  # a new user: [m, 1] W_user
             u_new = g.op("MatMul", by_songs, g.const("fold_u", f32(fold_in.user)), hint="u_folded")
         with_user = g.op("Concat", s_mean, u_vec, one_col, axis=1)  # (B, 2d+1)
         p_no_user = g.op("MatMul", by_songs, g.const("fold_p", f32(fold_in.without_user)))
