@@ -55,12 +55,33 @@ for module in (prep, synth, train, evaluate, export, score, reproduce):
 app.add_typer(analyze.app, name=analyze.NAME, help=unwrap(analyze.HELP))
 
 
+def _empty_value(args: list[str]) -> str | None:
+    """The line for the first empty argument of ``args`` (``--runs ""``, ``--out=``, an empty
+    INPUT), None when there is none. No masr option or argument means anything empty, and a
+    path that is empty would silently be the working folder: usually a shell variable that
+    was never set (``--runs "$RUNS"``)."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--") and arg.endswith("=") and len(arg) > 3:
+            name = arg[:-1]
+        elif arg == "":
+            name = args[i - 1] if i and args[i - 1].startswith("-") else None
+        else:
+            continue
+        what = f"{name}: an empty value" if name else "an empty argument"
+        return f"{what} (an unset shell variable?); give one, or leave it out"
+    return None
+
+
 def run() -> None:
     """Console-script entry point: ``app`` with its usage errors (an unknown option or
     command, a value not among the choices, a missing argument) as one line on stderr, as
     every other error of masr is, pointing to the command's --help; exit status 2."""
     import sys
 
+    empty = _empty_value(sys.argv[1:])
+    if empty is not None:
+        typer.echo(f"masr: error: {empty}", err=True)
+        sys.exit(2)
     try:
         code = app(standalone_mode=False)
     except typer.Abort:

@@ -70,6 +70,31 @@ def test_usage_errors_are_one_line_from_the_console_script(args: list[str], need
     assert "--help)" in lines[0] and "Value error" not in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["evaluate", "--runs", ""], "--runs: an empty value"),
+        (["prep", "--out="], "--out: an empty value"),
+        (["prep", ""], "an empty argument"),
+    ],
+)
+def test_an_empty_value_is_refused_not_read_as_the_working_folder(
+    tmp_path, args: list[str], needle: str
+) -> None:
+    """``--runs "$RUNS"`` with RUNS unset would otherwise be the working folder."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "from masr_cli.main import run; run()", *args],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and proc.stdout == "" and list(tmp_path.iterdir()) == []
+    assert proc.stderr.splitlines() == [
+        f"masr: error: {needle} (an unset shell variable?); give one, or leave it out"
+    ]
+
+
 def test_the_console_script_keeps_help_version_and_exit_codes(tmp_path) -> None:
     import subprocess
     import sys

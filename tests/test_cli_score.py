@@ -166,6 +166,11 @@ def test_score_reads_standard_input_as_a_file(tmp_path: Path, model: Path) -> No
         piped = runner.invoke(app, args, input=data)
         assert piped.exit_code == 0, piped.stderr
         assert piped.stdout == from_file.stdout
+    pq = tmp_path / "in.parquet"
+    pl.read_csv(src).write_parquet(pq)
+    zipped = runner.invoke(app, args, input=gzip.compress(pq.read_bytes()))
+    assert zipped.exit_code == 1
+    assert "standard input: gzipped Parquet is not supported" in zipped.stderr
     empty = runner.invoke(app, args, input=b"")
     assert empty.exit_code == 1 and "standard input: empty file" in empty.stderr
     ray = runner.invoke(app, [*args, "--engine", "ray"], input=ROWS.encode())

@@ -479,6 +479,17 @@ def test_unreadable_formats_are_named(tmp_path, content, needle):
     assert needle in _error(path)
 
 
+@pytest.mark.parametrize("name", ["in.parquet.gz", "in.gz", "in.csv", "in"])
+def test_gzipped_parquet_is_named_whatever_the_name(tmp_path, name):
+    """Gzipped Parquet is recognised from its decompressed bytes, not only from a .parquet.gz
+    name, so a file called otherwise and standard input's spool get the same line."""
+    pq = tmp_path / "plain.parquet"
+    _frame().write_parquet(pq)
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(pq.read_bytes()))
+    assert "gzipped Parquet is not supported; decompress it first" in _error(path)
+
+
 def test_a_quote_left_open_is_named_not_polars_advice(tmp_path):
     """A field that opens a double quote and never closes it reads the rest of the file as one
     field: one line saying so, without the reader's advice on its own options."""

@@ -84,6 +84,8 @@ def detect_format(path: Path, head: bytes) -> tuple[str, bool]:
     if head.startswith(_PARQUET_MAGIC):
         return "parquet", False
     text = _text_head(head, gz)
+    if gz and text.startswith(_PARQUET_MAGIC):  # whatever its name, standard input included
+        raise MasrError(f"{path}: gzipped Parquet is not supported; decompress it first")
     if text.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
         return "json", gz
     for magic, name in _OTHER_MAGIC.items():
