@@ -450,6 +450,16 @@ def test_positions_as_dates_floats_and_text(tmp_path):
             continue
         assert got[1] < got[2] < got[0], (name, got)
     assert _order(tmp_path / "whole.parquet", position="whole") == [3, 1, 2]
+    # one unit however the date came: a Date, a Datetime in ns or ms and ISO text all read as
+    # microseconds since the epoch
+    day_us = 86_400 * 10**6
+    assert _order(tmp_path / "iso_date.parquet", position="iso_date")[1] == 19358 * day_us
+    assert _order(tmp_path / "date.parquet", position="date")[1] == 19358 * day_us
+    for unit in ("ns", "ms"):
+        path = tmp_path / f"datetime_{unit}.parquet"
+        frame = pl.DataFrame({**base, "when": cases["datetime"]})
+        frame.with_columns(pl.col("when").cast(pl.Datetime(unit))).write_parquet(path)
+        assert _order(path, position="when") == _order(tmp_path / "iso.parquet", position="iso")
 
 
 def test_bad_position_names_the_value(tmp_path):

@@ -631,13 +631,17 @@ def _position_column(
 
 def _positions(frame: pl.DataFrame, path: Path, name: str) -> pl.DataFrame:
     """The order column as Int64, order kept: integers as they are; dates and datetimes as
-    their epoch count; whole floats as integers, other floats by rank (only the order within
-    a playlist is used); text holding integers, ISO dates or datetimes, or numbers likewise.
-    Anything else is one error line naming the value."""
+    microseconds since the epoch (one unit whatever the input's); whole floats as integers,
+    other floats by rank (only the order within a playlist is used); text holding integers,
+    ISO dates or datetimes, or numbers likewise. Anything else is one error line naming the
+    value."""
     col = frame[POSITION]
     if col.dtype.is_integer():
         out = col.cast(pl.Int64)
-    elif col.dtype.is_temporal():
+    elif col.dtype == pl.Date or isinstance(col.dtype, pl.Datetime):
+        # one unit whatever the input's (days, ms, ns): microseconds, as text dates are read
+        out = col.cast(pl.Datetime("us")).cast(pl.Int64)
+    elif col.dtype.is_temporal():  # a time of day or a duration: its own count
         out = col.cast(pl.Int64)
     elif col.dtype.is_float():
         out = _float_order(col)
