@@ -86,6 +86,25 @@ def test_negatives_are_uniform_over_the_complement() -> None:
     assert np.all(np.abs(counts[free] - expected) < 0.03 * expected)
 
 
+def test_negatives_stay_uniform_past_float32_resolution() -> None:
+    """A catalog of 2**25 + 1 songs, one playlist holding song 0: the 2**25 others are equally
+    likely. A float32 draw (24 bits) scaled to the count reached even songs only (every draw
+    odd); half of the draws are odd."""
+    v = 2**25 + 1
+    zero = torch.zeros(1, dtype=torch.long)
+    index = TrainingIndex(
+        user=zero, playlist=zero, song=zero, indptr=torch.tensor([0, 1]), keys=zero,
+        rank_keys=zero, playlist_user=zero, n_songs=v, max_length=1, seq_rank=zero,
+        seq_song=zero,
+    )
+    neg = sample_negatives(index, zero, 200_000, torch.Generator().manual_seed(0))[0]
+    assert bool((neg >= 1).all()) and bool((neg < v).all())
+    # 200k draws: the odd share is 0.5 ± 0.0011 (one standard deviation)
+    assert abs(float((neg % 2 == 1).double().mean()) - 0.5) < 0.006
+    # and the top half of the catalog gets its half
+    assert abs(float((neg > v // 2).double().mean()) - 0.5) < 0.006
+
+
 def test_negative_of_an_almost_full_playlist_is_exact() -> None:
     index = TrainingIndex.from_data(make_data([[0, 1, 2, 4], [3]], 5))
     neg = sample_negatives(index, torch.tensor([0, 0, 1]), 50, torch.Generator().manual_seed(1))

@@ -3,11 +3,12 @@
 Everything here is tensor code over the CSR layout of the training interactions (rows sorted by
 playlist, then song), so sampling runs where training runs and never loops per example.
 
-* Negatives (eq. 21's k^-) are drawn *exactly* uniformly from the songs outside the playlist's
-  training songs by inverting the complement's rank: with the playlist's songs sorted,
-  m_0 < m_1 < ..., the r-th non-member is ``r + #{i : m_i - i <= r}``; one ``searchsorted`` over
-  the global key ``playlist * V + (m_i - i)`` answers that count for a whole batch. No rejection
-  rounds, no Python loop, and it stays exact for playlists that hold most of the catalog.
+* Negatives (eq. 21's k^-) are drawn uniformly (from 62-bit integers: off by V / 2**62 at
+  most) from the songs outside the playlist's training songs by inverting the complement's
+  rank: with the playlist's songs sorted, m_0 < m_1 < ..., the r-th non-member is
+  ``r + #{i : m_i - i <= r}``; one ``searchsorted`` over the global key
+  ``playlist * V + (m_i - i)`` answers that count for a whole batch. No rejection rounds, no
+  Python loop, and it stays exact for playlists that hold most of the catalog.
 * Members (MASS's s_t, eq. 15-19) of a training row are the playlist's training songs minus the
   row's own (positive) song, capped at ``max_members`` by uniform sampling without replacement;
   in training, optionally each left out with a probability (member dropout, ``--member-dropout``).
@@ -144,8 +145,11 @@ def sample_negatives(
     b = playlists.shape[0]
     v = index.n_songs
     free = (v - index.lengths(playlists)).unsqueeze(1)  # (B, 1) songs outside the playlist
-    u = torch.rand((b, n), generator=generator, device=index.device)
-    r = torch.minimum((u * free).long(), free - 1)  # (B, n) rank among the non-members
+    # (B, n) rank among the non-members: a 62-bit integer reduced modulo each row's count
+    # (off uniform by at most free / 2**62); a float32 draw has 24 bits, so past a few million
+    # songs some would be drawn 8/7 as often as others, and past 2**24 some never
+    raw = torch.randint(0, 2**62, (b, n), generator=generator, device=index.device)
+    r = torch.remainder(raw, free)
     base = (playlists * v).unsqueeze(1)  # (B, 1)
     # members m_i with m_i - i <= r: each one shifts the r-th non-member one song up.
     below = torch.searchsorted(index.rank_keys, base + r, right=True)  # (B, n)
