@@ -295,9 +295,12 @@ def test_kill_during_prep_leaves_no_output_folder(tmp_path: Path) -> None:
     _reach(proc, gate)  # every table written into the temporary folder, not yet renamed
     _kill(proc)
     assert not out.exists()
+    assert [p.name for p in tmp_path.glob(".data.*.tmp")]  # the killed prep's tables
     result = _ok(prep)
     _taken_over(result.stderr, tmp_path / "data.lock")
     assert (out / "manifest.json").is_file()
+    assert "removed the temporary files of an earlier, killed masr prep" in result.stderr
+    assert not list(tmp_path.glob(".data.*"))  # nothing of it left beside the new folder
 
 
 @pytest.mark.parametrize("at", [".onnx", ".onnx.json"])
@@ -408,3 +411,78 @@ def test_a_command_that_fails_before_writing_leaves_no_empty_folders(tmp_path: P
     with locked(out, "masr export"):
         (tmp_path / "a" / "b" / "m.onnx").write_text("x")
     assert (tmp_path / "a" / "b" / "m.onnx").is_file() and not out.exists()
+
+
+def test_train_removes_what_a_killed_writer_left_in_its_run(tmp_path: Path, data: Path) -> None:
+    """SIGKILL during a checkpoint or run.json write leaves its temporary file in the run
+    folder; the next training of that run (which holds its lock) removes it."""
+    runs = tmp_path / "runs"
+    train = ["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *TINY]
+    (runs / "mdr").mkdir(parents=True)
+    for name in (".best.pt.k1ll3d_0.tmp", ".run.json.abcdefgh.tmp"):
+        (runs / "mdr" / name).write_bytes(b"half a file")
+    result = _ok([*train, "--epochs", "1"])
+    assert "mdr: removed the temporary files of an earlier, killed masr train" in result.stderr
+    assert sorted(p.name for p in (runs / "mdr").iterdir()) == ["best.pt", "last.pt", "run.json"]
+
+
+def test_a_full_disk_is_one_line_naming_the_file(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prep's Parquet writer (Polars: a ComputeError "(os error 28)") and a failed checkpoint
+    whose run.json update fails too: one line that names the file, not a traceback nor the
+    second failure's bare "No space left on device"."""
+    import polars as pl
+
+    import masr.runs.make as make
+
+    def full(self, path, *args, **kwargs):
+        raise pl.exceptions.ComputeError(
+            "parquet: File out of specification: underlying IO error: No space left on device "
+            "(os error 28)"
+        )
+
+    out = tmp_path / "data"
+    with monkeypatch.context() as patch:
+        patch.setattr(pl.DataFrame, "write_parquet", full)
+        result = runner.invoke(app, ["prep", "--out", str(out), "--users", "60"])
+    assert result.exit_code == 1
+    _one_error_line(result.stderr.splitlines()[-1], str(out), "No space left on device")
+    assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
+
+    runs = tmp_path / "runs"
+    train = ["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *TINY]
+    real_json = make.write_run_json
+
+    def run_json(run_dir, info):
+        if info.get("status") == "failed":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_json(run_dir, info)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "save", _dev_full(torch.save))
+        patch.setattr(make, "write_run_json", run_json)
+        result = runner.invoke(app, [*train, "--epochs", "1"])
+    assert result.exit_code == 1
+    _one_error_line(result.stderr.strip().splitlines()[-1], "best.pt", "could not save")
+
+
+def test_a_lock_that_cannot_be_written_is_not_left_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk while writing the lock's record: the error names the lock, and no empty
+    lock file stays to be read as "unreadable" by every later command."""
+    import masr.lock as lock
+
+    def full(obj, fh, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    target = tmp_path / "runs" / "mdr" / ".lock"
+    with monkeypatch.context() as patch:
+        patch.setattr(lock.json, "dump", full)
+        with pytest.raises(OSError) as err, locked(target, "masr train"):
+            pass
+    assert err.value.filename == str(target) and err.value.errno == errno.ENOSPC
+    assert not target.exists()
+    with locked(target, "masr train"):
+        assert target.is_file()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -11,6 +12,33 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from masr.errors import MasrError
+
+#: an OS error number in a Rust writer's message (Polars: "... (os error 28)")
+_OS_ERROR_NUMBER = re.compile(r"\(os error (\d+)\)")
+
+
+def _named_os_error(exc: BaseException, path: Path, tmp: Path) -> OSError | None:
+    """``exc``, raised while writing ``tmp`` (a file, or a folder of files) for ``path``, as an
+    OSError that names ``path`` (or the file in it), not the temporary name, nor nothing; None
+    when it is no OS error or one about another file. A Rust writer's I/O error (Polars'
+    ComputeError "... (os error 28)") becomes the OSError it stands for."""
+    where = str(path)
+    if isinstance(exc, OSError):
+        name = None if exc.filename is None else str(exc.filename)
+        if name is not None and name != str(tmp) and not name.startswith(f"{tmp}{os.sep}"):
+            return None  # about another file: as it is
+        if name is not None:  # the temporary file or one in the temporary folder
+            where = where + name[len(str(tmp)):]
+        number, reason = exc.errno, exc.strerror
+    else:
+        polars = type(exc).__module__.startswith("polars")
+        found = _OS_ERROR_NUMBER.search(str(exc)) if polars else None
+        if found is None:
+            return None
+        number, reason = int(found.group(1)), None
+    if reason is None and number is not None:
+        reason = os.strerror(number)
+    return OSError(number, reason or " ".join(str(exc).split()), where)
 
 
 def _umask() -> int:
@@ -72,9 +100,12 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield Path(tmp)
         _publish_mode(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        named = _named_os_error(exc, path, Path(tmp))
+        if named is not None:
+            raise named from exc
         raise
 
 
@@ -155,10 +186,14 @@ def atomic_group() -> Iterator[Callable[[str | os.PathLike[str]], Path]]:
             _publish_mode(tmp)
         for tmp, final in staged:
             os.replace(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         for tmp, _ in staged:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+        name = getattr(exc, "filename", None)
+        for tmp, final in staged:  # an OS error about one of the temporary files: its name
+            if isinstance(exc, OSError) and name is not None and str(name) == str(tmp):
+                raise OSError(exc.errno, exc.strerror or str(exc), str(final)) from exc
         raise
 
 
@@ -186,8 +221,11 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.replace(tmp, path)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        named = _named_os_error(exc, path, tmp)
+        if named is not None:
+            raise named from exc
         raise
 
 
@@ -202,6 +240,34 @@ def check_not_inside(
             f"{option} {path}: inside the prepared data folder {data}, which `masr prep` replaces "
             f"whole; choose a folder beside it"
         )
+
+
+#: what ``tempfile`` names the entries above: ``.NAME.`` + 8 random characters + ``.tmp`` (or
+#: ``.old``, an ``atomic_dir``'s previous folder moved aside)
+_TEMP_ENTRY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.(?:tmp|old)")
+
+
+def remove_temp_entries(folder: str | os.PathLike[str], names: Iterable[str] | None = None) -> int:
+    """Remove what a killed writer left in ``folder`` (SIGKILL runs no clean-up): the
+    temporary files and folders of ``atomic_path``, ``atomic_group`` and ``atomic_dir`` for
+    the entries ``names`` (every name when None); how many. Only for a caller that holds the
+    lock of those entries (``masr.lock``): no other writer is at work on them."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return 0
+    wanted = None if names is None else set(names)
+    removed = 0
+    for entry in folder.iterdir():
+        found = _TEMP_ENTRY.fullmatch(entry.name)
+        if found is None or (wanted is not None and found["name"] not in wanted):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+        removed += 1
+    return removed
 
 
 def remove_leftovers(path: str | os.PathLike[str]) -> int:

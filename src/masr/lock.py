@@ -103,10 +103,15 @@ def _acquire(path: Path, command: str, warn: Callable[[str], None]) -> dict[str,
             if _break(path, holder):
                 warn(f"{path}: taking over the lock of {_who(holder)}, which is no longer running")
             continue
-        with os.fdopen(fd, "w") as fh:
-            json.dump(mine, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(mine, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:  # a full disk: no empty lock file left to block the next try
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         return json.loads(json.dumps(mine))  # as _read will see it (argv: list)
     raise MasrError(f"{path}: could not take the lock (other processes keep taking it); retry")
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from masr.atomic import atomic_dir, check_replaceable_dir
+from masr.atomic import atomic_dir, check_replaceable_dir, remove_temp_entries
 from masr.config import MAX_SONG_COUNT
 from masr.dataset import FORMAT_VERSION, MANIFEST, fingerprint_of
 from masr.errors import MasrError
@@ -394,6 +394,9 @@ def prepare(
     ``<out>.lock`` (``masr.lock``) keeps a second ``masr prep --out`` off the same folder.
     """
     with locked(lock_path(out), "masr prep"):
+        target = Path(out).absolute()
+        if remove_temp_entries(target.parent, [target.name]) and log is not None:
+            log(f"removed the temporary files of an earlier, killed masr prep --out {out}")
         return _prepare(input_path, out, columns, config, synth_users, log)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from masr.atomic import remove_temp_entries
 from masr.config import RunOptions
 from masr.distributed import barrier, world
 from masr.errors import MasrError
@@ -117,6 +118,8 @@ def _make(
         reused = None if target else _reused(run, run_dir, sig, log)  # made meanwhile?
         if reused is not None:
             return reused
+        if world().is_main and remove_temp_entries(run_dir):
+            log(f"{run}: removed the temporary files of an earlier, killed masr train")
         info = read_run_json(run_dir)  # read again, under the lock
         return _build(run, data, runs_dir, options, sig, info, device, resume, progress, log)
 
@@ -284,7 +287,10 @@ def _build(
             stopped = isinstance(exc, KeyboardInterrupt)
             info["status"] = "interrupted" if stopped else "failed"
             info["stopped"] = now()
-            write_run_json(run_dir, info)
+            try:  # best effort: on a full disk this write fails too, and must not hide why
+                write_run_json(run_dir, info)
+            except (OSError, MasrError):
+                pass
             if stopped and (run_dir / "last.pt").is_file():
                 log(f"{run}: interrupted after {len(info['history'])} epoch(s); "
                     "`masr train ... --resume` with the same options continues it")

@@ -1,0 +1,81 @@
+"""masr.atomic: what a failed write is reported as, and the clean-up after a killed writer."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from masr.atomic import atomic_dir, atomic_group, atomic_path, remove_temp_entries
+from masr.errors import MasrError
+
+FULL = (
+    "parquet: File out of specification: underlying IO error: No space left on device "
+    "(os error 28)"
+)
+
+
+def test_a_polars_io_error_becomes_the_os_error_of_the_target(tmp_path: Path) -> None:
+    """Polars reports a full disk as a ComputeError "(os error 28)": it is raised as the
+    OSError it stands for, naming the file the user asked for, and nothing is left behind."""
+    target = tmp_path / "x.parquet"
+    with pytest.raises(OSError) as err, atomic_path(target):
+        raise pl.exceptions.ComputeError(FULL)
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(target)
+    assert err.value.strerror == os.strerror(errno.ENOSPC)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_os_error_about_the_temporary_file_names_the_target(tmp_path: Path) -> None:
+    target = tmp_path / "recs.csv"
+    with pytest.raises(OSError) as err, atomic_path(target) as tmp:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp))
+    assert err.value.filename == str(target) and err.value.errno == errno.EROFS
+    with pytest.raises(OSError) as err, atomic_path(target):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a write names no file
+    assert err.value.filename == str(target)
+    other = tmp_path / "input.csv"  # about another file: left as it is
+    with pytest.raises(OSError) as err, atomic_path(target):
+        raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), str(other))
+    assert err.value.filename == str(other)
+    # not an OS error: untouched, whatever its text
+    with pytest.raises(MasrError, match="os error 28"), atomic_path(target):
+        raise MasrError("a message that quotes (os error 28)")
+    with pytest.raises(KeyboardInterrupt), atomic_path(target):
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_or_a_set_names_the_file_that_failed(tmp_path: Path) -> None:
+    out = tmp_path / "data"
+    with pytest.raises(OSError) as err, atomic_dir(out) as tmp:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / "train.parquet"))
+    assert err.value.filename == str(out / "train.parquet")
+    with pytest.raises(OSError) as err, atomic_dir(out):
+        raise pl.exceptions.ComputeError(FULL)
+    assert err.value.filename == str(out)
+    with pytest.raises(OSError) as err, atomic_group() as stage:
+        stage(tmp_path / "m.onnx")
+        second = stage(tmp_path / "m.onnx.json")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(second))
+    assert err.value.filename == str(tmp_path / "m.onnx.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_remove_temp_entries_takes_only_what_a_writer_of_those_names_left(tmp_path: Path) -> None:
+    left = [".data.abcd_123.tmp", ".data.zz99zz99.old", ".best.pt.q1w2e3r4.tmp"]
+    kept = [".data2.abcd1234.tmp", ".data.short.tmp", "data.abcd1234.tmp", "notes.tmp", "data"]
+    for name in left + kept:
+        if name.endswith(".old") or name == "data":
+            (tmp_path / name).mkdir()
+        else:
+            (tmp_path / name).write_text("x")
+    (tmp_path / ".data.zz99zz99.old" / "content").mkdir()
+    assert remove_temp_entries(tmp_path, ["data"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + [left[2]])
+    assert remove_temp_entries(tmp_path) == 2  # every name: a folder masr owns whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept[1:])
+    assert remove_temp_entries(tmp_path / "missing") == 0
