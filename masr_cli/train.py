@@ -589,7 +589,9 @@ class RichProgress:
         self._first_line = ""
 
     def start(self, title: str, epochs: int, steps: int, first_epoch: int) -> None:
-        if not self._live:
+        # bars only on a terminal: elsewhere (a log file, a pipe) rich draws nothing of a
+        # transient bar but leaves a blank line where it stopped, before any error line
+        if not self._live and console.is_terminal:
             self._bars.__enter__()
             self._live = True
         self._say_first_line()

@@ -64,6 +64,8 @@ def test_train_amasr_leaves_six_evaluable_runs(amasr_runs: tuple[Path, Path, str
     data, runs, stderr = amasr_runs
     assert {p.name for p in runs.iterdir() if (p / "best.pt").is_file()} == SIX
     assert "valid hit@10" in stderr  # per-epoch validation lines
+    # not a terminal: no progress bars, so none of the blank lines rich leaves where one stops
+    assert "\n\n" not in stderr and not stderr.startswith("\n")
     info = json.loads((runs / "amdr" / "run.json").read_text())
     assert info["status"] == "finished" and info["start_from"] == "mdr"
     assert len(info["history"]) == 1 and info["best"]["epoch"] == 1
@@ -610,6 +612,14 @@ def test_alpha_auto_chooses_the_fusion_weight_on_validation(
     stale = export_model(runs, tmp_path / "c.onnx", log=notes.append)
     assert stale.metadata["alpha"] == 0.5
     assert any("fused from parts trained again since" in n for n in notes)
+    assert not any("no amasr run to take α from" in n for n in notes)  # one note, not two
+    # no fusion run at all: the paper's α, said
+    import shutil
+
+    shutil.rmtree(runs / "amasr")
+    notes.clear()
+    assert export_model(runs, tmp_path / "d.onnx", log=notes.append).metadata["alpha"] == 0.5
+    assert any("no amasr run to take α from: exporting the paper's α 0.5" in n for n in notes)
     _fails([*base, "--alpha", "most"], "--alpha most", "auto")
     _fails([*base, "--alpha", "1.5"], "--alpha 1.5")
 

@@ -116,12 +116,19 @@ def export_model(
         for note in run_warnings(source.path.parent):
             say(note)
     mdr, mass, fused_alpha, described, fingerprint = load_sources(sources)
+    alpha_note = None
     if mdr is not None and mass is not None and fused_alpha is None and config.alpha is None:
-        fused_alpha, note = fusion_alpha(runs_dir, kind)  # the parts read, the fusion's α
-        if note:
-            say(note)
+        fused_alpha, alpha_note = fusion_alpha(runs_dir, kind)  # the parts read, the fusion's α
+        if alpha_note:
+            say(alpha_note)
     if mdr is not None and mass is not None:
         alpha = next(a for a in (config.alpha, fused_alpha, ALPHA) if a is not None)
+        if config.alpha is None and fused_alpha is None and alpha_note is None:
+            fusion_run = "amasr" if kind == "amasr" else "masr"
+            say(
+                f"note: no {fusion_run} run to take α from: exporting the paper's α {ALPHA:g} "
+                f"(`masr train --model {fusion_run}` chooses it on validation; or --alpha)"
+            )
     elif config.alpha is not None:
         raise MasrError(f"--alpha: {kind} is one part; α weights the parts of amasr/masr only")
     else:
