@@ -102,10 +102,11 @@ def command(
 
     The graph scores the whole catalog for a batch of playlists and returns the top-K songs
     (member songs excluded); new playlists and users are folded in from their songs. Next to
-    the model: NAME.json (α, dims, opset, source checkpoints, data checksum, masr version; the
-    same metadata is in the ONNX metadata_props) and the id maps NAME.songs.parquet,
-    NAME.playlists.parquet and NAME.users.parquet; past protobuf's 2 GB (or with
-    --external-data) the weights too, in NAME.onnx.weights. The files are written aside and
+    the model (--out NAME): NAME.json (α, dims, opset, source checkpoints, data checksum, masr
+    version; the same metadata is in the ONNX metadata_props) and the id maps
+    NAME.songs.parquet, NAME.playlists.parquet and NAME.users.parquet; past protobuf's 2 GB (or
+    with --external-data) the weights too, in NAME.weights. For --out exported/masr.onnx:
+    masr.onnx.json, masr.onnx.songs.parquet, ..., masr.onnx.weights. The files are written aside and
     renamed together at the end, so a failed or interrupted export leaves the former one whole;
     parent folders are created.
 

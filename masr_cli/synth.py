@@ -20,7 +20,8 @@ def command(
             "--out",
             "-o",
             help="File to write: .csv, .tsv or .parquet, with .gz for gzipped CSV/TSV; - for "
-            "CSV on stdout; any other name is written as CSV.",
+            "CSV on stdout; a name without an extension is written as CSV, other extensions "
+            "are refused.",
         ),
     ],
     seed: Annotated[int, typer.Option(help="Seed of the generator (same seed, same rows).")] = 0,

@@ -335,12 +335,15 @@ def command(
             help="A model hyper-parameter, repeatable: e.g. --set shrink=10 --set alpha=0.75 "
             "(itemknn: alpha, shrink, neighbours; ease: reg; als: reg, confidence, iterations, "
             "cg_steps; mfbpr: song_bias; cml: margin; fism: alpha; neumf: layers (1-3); cmn: "
-            "hops (1-4); caser: window or L (4-10); mdr, mass: dropout, init_std (none = 1/d), "
+            "hops (1-4); caser: window or L (the paper searched 4-10); mdr, mass: dropout, "
+            "init_std (none = 1/d), "
             "dropout_mode = element (the paper's, per element) or row (one mask per row and "
             "dimension, shared by its candidates: keeps the GEMM form of --loss softmax, "
             "docs/training.md), for mass also shared (one mask per row, candidate and "
             "dimension, shared by the members); mass: attention = mem-metric (the paper's), "
-            "mem-dot, nonmem-metric, nonmem-dot or none (Table 4)). MODEL.NAME=VALUE sets one "
+            "mem-dot, nonmem-metric, nonmem-dot or none (Table 4), song_init = random, svd or "
+            "svd-split (a start from the training matrix's SVD, docs/training.md)). "
+            "MODEL.NAME=VALUE sets one "
             "model's "
             "runs only (--set mdr.init_std=none). `--reg` also sets ease/als's L2 weight.",
             show_default=False,
