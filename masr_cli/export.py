@@ -106,9 +106,9 @@ def command(
     version; the same metadata is in the ONNX metadata_props) and the id maps
     NAME.songs.parquet, NAME.playlists.parquet and NAME.users.parquet; past protobuf's 2 GB (or
     with --external-data) the weights too, in NAME.weights. For --out exported/masr.onnx:
-    masr.onnx.json, masr.onnx.songs.parquet, ..., masr.onnx.weights. The files are written aside and
-    renamed together at the end, so a failed or interrupted export leaves the former one whole;
-    parent folders are created.
+    masr.onnx.json, masr.onnx.songs.parquet, ..., masr.onnx.weights. The files are written
+    aside and renamed together at the end, so a failed or interrupted export leaves the former
+    one whole; parent folders are created.
 
     Examples:
 
@@ -130,7 +130,7 @@ def command(
         candidates=candidates,
         fold_in=fold_in.value,
     )
-    from masr.atomic import remove_leftovers
+    from masr.atomic import remove_temp_entries
     from masr.errors import MasrError
 
     if out.endswith(("/", os.sep)) or Path(out).is_dir():
@@ -138,7 +138,7 @@ def command(
         raise MasrError(f"--out {out}: is a folder; give a file name (e.g. {folder}/masr.onnx)")
     path = Path(out)
     with locked(lock_path(path), "masr export"):  # one writer per --out (OUT.lock)
-        if remove_leftovers(path):  # a killed export's temporary files
+        if remove_temp_entries(path.parent, [path.name], sidecars=True):  # a killed export's
             log_line(f"removed the temporary files of an earlier, killed export to {out}")
         result = export_model(runs, path, config, log=log_line)
     meta = result.metadata

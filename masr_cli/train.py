@@ -343,9 +343,8 @@ def command(
             "dimension, shared by the members); mass: attention = mem-metric (the paper's), "
             "mem-dot, nonmem-metric, nonmem-dot or none (Table 4), song_init = random, svd or "
             "svd-split (a start from the training matrix's SVD, docs/training.md)). "
-            "MODEL.NAME=VALUE sets one "
-            "model's "
-            "runs only (--set mdr.init_std=none). `--reg` also sets ease/als's L2 weight.",
+            "MODEL.NAME=VALUE sets one model's runs only (--set mdr.init_std=none). `--reg` "
+            "also sets ease/als's L2 weight.",
             show_default=False,
         ),
     ] = None,

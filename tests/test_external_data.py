@@ -133,7 +133,7 @@ def test_a_failed_re_export_leaves_the_former_external_export_whole(
     """The weights file is staged with the model, its JSON and the id maps: an export that
     fails after writing new weights leaves the former export's weights, and it still scores."""
     import masr.export as export_module
-    from masr.atomic import remove_leftovers
+    from masr.atomic import remove_temp_entries
 
     runs, _, split = exports
     src = tmp_path / "in.csv"
@@ -152,7 +152,9 @@ def test_a_failed_re_export_leaves_the_former_external_export_whole(
     score_file(src, split, tmp_path / "after.csv", ScoreConfig(k=10))
     assert (tmp_path / "after.csv").read_text() == (tmp_path / "before.csv").read_text()
     # a killed export's check folder is removed by the next export's clean-up
-    (split.parent / ".masr.onnx.check.x1.tmp").mkdir()
-    (split.parent / ".masr.onnx.check.x1.tmp" / "masr.onnx").write_bytes(b"x")
-    assert remove_leftovers(split) == 1 and sorted(p.name for p in split.parent.iterdir()) == \
+    (split.parent / ".masr.onnx.check.x1y2z3_4.tmp").mkdir()
+    (split.parent / ".masr.onnx.check.x1y2z3_4.tmp" / "masr.onnx").write_bytes(b"x")
+    (split.parent / ".masr.onnx.json.abcdefgh.tmp").write_bytes(b"x")
+    removed = remove_temp_entries(split.parent, [split.name], sidecars=True)
+    assert removed == 2 and sorted(p.name for p in split.parent.iterdir()) == \
         sorted(before)

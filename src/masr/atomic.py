@@ -247,11 +247,14 @@ def check_not_inside(
 _TEMP_ENTRY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.(?:tmp|old)")
 
 
-def remove_temp_entries(folder: str | os.PathLike[str], names: Iterable[str] | None = None) -> int:
+def remove_temp_entries(
+    folder: str | os.PathLike[str], names: Iterable[str] | None = None, *, sidecars: bool = False
+) -> int:
     """Remove what a killed writer left in ``folder`` (SIGKILL runs no clean-up): the
     temporary files and folders of ``atomic_path``, ``atomic_group`` and ``atomic_dir`` for
-    the entries ``names`` (every name when None); how many. Only for a caller that holds the
-    lock of those entries (``masr.lock``): no other writer is at work on them."""
+    the entries ``names`` (every name when None; with ``sidecars`` also NAME.anything: an
+    export's JSON, id maps, weights and check folder); how many. Only for a caller that holds
+    the lock of those entries (``masr.lock``): no other writer is at work on them."""
     folder = Path(folder)
     if not folder.is_dir():
         return 0
@@ -259,7 +262,12 @@ def remove_temp_entries(folder: str | os.PathLike[str], names: Iterable[str] | N
     removed = 0
     for entry in folder.iterdir():
         found = _TEMP_ENTRY.fullmatch(entry.name)
-        if found is None or (wanted is not None and found["name"] not in wanted):
+        if found is None:
+            continue
+        stem = found["name"]
+        if wanted is not None and stem not in wanted and not (
+            sidecars and any(stem.startswith(f"{name}.") for name in wanted)
+        ):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
@@ -267,24 +275,4 @@ def remove_temp_entries(folder: str | os.PathLike[str], names: Iterable[str] | N
             with contextlib.suppress(FileNotFoundError):
                 entry.unlink()
         removed += 1
-    return removed
-
-
-def remove_leftovers(path: str | os.PathLike[str]) -> int:
-    """Remove the temporary files a killed writer of ``path`` and its sidecars (``path`` plus a
-    suffix) left beside them (``.NAME*.tmp``, and an export's check folder of that name:
-    SIGKILL runs no clean-up); how many. Only for a caller that holds ``path``'s lock
-    (``masr.lock``): no other writer is at work there."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        return 0
-    removed = 0
-    for leftover in path.parent.glob(f".{path.name}*.tmp"):
-        if leftover.is_dir() and not leftover.is_symlink():  # an export's check folder
-            shutil.rmtree(leftover, ignore_errors=True)
-            removed += 1
-        elif leftover.is_file() or leftover.is_symlink():
-            with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()
-                removed += 1
     return removed
