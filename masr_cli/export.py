@@ -106,9 +106,9 @@ def command(
     version; the same metadata is in the ONNX metadata_props) and the id maps
     NAME.songs.parquet, NAME.playlists.parquet and NAME.users.parquet; past protobuf's 2 GB (or
     with --external-data) the weights too, in NAME.weights. For --out exported/masr.onnx:
-    masr.onnx.json, masr.onnx.songs.parquet, ..., masr.onnx.weights. The files are written
-    aside and renamed together at the end, so a failed or interrupted export leaves the former
-    one whole; parent folders are created.
+    masr.onnx.json, masr.onnx.songs.parquet and the other maps, masr.onnx.weights. The files
+    are written aside and renamed together at the end, so a failed or interrupted export
+    leaves the former one whole; parent folders are created.
 
     Examples:
 

@@ -18,6 +18,7 @@ exists and no caller has to remember to validate it. Check messages name the CLI
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -84,6 +85,42 @@ def _finite(x: float) -> bool:
     return math.isfinite(x)
 
 
+def value_kind_problem(value: Any, annotation: str) -> str | None:
+    """Why ``value`` does not fit a config field annotated ``annotation`` ("int", "float",
+    "str", "bool", "float | None" ...), or None when it fits: ints are integers (numpy's too,
+    not bools), floats are finite or infinite real numbers (ints too, not bools). For configs
+    built in Python, where no command line has parsed the value: a string where a number
+    belongs fails at once, not deep inside training."""
+    kinds = [part.strip() for part in annotation.split("|")]
+    if value is None:
+        return None if "None" in kinds else "is None"
+    if isinstance(value, bool):
+        return None if "bool" in kinds else "is a bool"
+    if "int" in kinds and isinstance(value, numbers.Integral):
+        return None
+    if "float" in kinds and isinstance(value, numbers.Real):
+        return None
+    if "str" in kinds and isinstance(value, str):
+        return None
+    if kinds[0] in ("int", "float", "str", "bool"):
+        names = {"int": "an integer", "float": "a number", "str": "text", "bool": "true/false"}
+        return "is not " + " or ".join(names[k] for k in kinds if k in names)
+    return None  # another annotation (a dict, a tuple): its own checks
+
+
+def _check_kinds(config: Any, options: dict[str, str] | None = None) -> None:
+    """One error line for the first field of ``config`` whose value is of the wrong kind
+    (``value_kind_problem``), naming its command-line option; numpy integers become ints."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        problem = value_kind_problem(value, str(f.type))
+        if problem is not None:
+            option = (options or {}).get(f.name, "--" + f.name.replace("_", "-"))
+            raise MasrError(f"{option} {value!r}: {problem}")
+        if isinstance(value, numbers.Integral) and not isinstance(value, (int, bool)):
+            object.__setattr__(config, f.name, int(value))
+
+
 C = TypeVar("C")
 
 
@@ -146,6 +183,7 @@ class TrainConfig:
     batch_by: str = "row"
 
     def __post_init__(self) -> None:
+        _check_kinds(self)
         _raise_first(
             [
                 ("--epochs", self.epochs >= 1, "must be >= 1"),
@@ -210,6 +248,7 @@ class AdversarialConfig:
     lr: float | None = None
 
     def __post_init__(self) -> None:
+        _check_kinds(self, {"epochs": "--adv-epochs", "lr": "--adv-lr"})
         _raise_first(
             [
                 ("--adv-epochs", self.epochs >= 1, "must be >= 1"),
@@ -366,12 +405,24 @@ class RunOptions:
         if self.recipe not in RECIPES:
             raise MasrError(f"--recipe must be one of {_list(tuple(RECIPES))}")
 
-    def with_recipe(self, name: str, explicit: set[str], device: str = "cuda") -> RunOptions:
+    def with_recipe(
+        self, name: str, explicit: set[str] = frozenset(), device: str | None = None
+    ) -> RunOptions:
         """These options with recipe ``name``'s values for every option not in ``explicit``
         (the ``OPTION_PATHS`` names given on the command line) and not already in ``model``
-        (``--set``); on ``device`` "cpu" with ``CPU_RECIPES``' values over the recipe's."""
+        (``--set``); on ``device`` "cpu" with ``CPU_RECIPES``' values over the recipe's.
+        ``device`` None: these options' own device ("auto" counts as a GPU here, since this
+        module does not import torch; the CLI passes the device it resolved)."""
         if name not in RECIPES:
             raise MasrError(f"--recipe must be one of {_list(tuple(RECIPES))}, not {name!r}")
+        unknown = sorted(set(explicit) - set(OPTION_PATHS))
+        if unknown:
+            raise MasrError(
+                f"with_recipe: {', '.join(unknown)} not among the options a recipe sets "
+                f"({', '.join(sorted(OPTION_PATHS))})"
+            )
+        if device is None:
+            device = "cuda" if self.device == "auto" else self.device
         recipe = RECIPES[name]
         if device == "cpu":
             cpu = CPU_RECIPES.get(name, {})

@@ -378,11 +378,28 @@ def evaluate_model_and(
 
     if split not in SPLITS:
         raise MasrError(f"--split must be one of {', '.join(SPLITS)}, not {split!r}")
+    if isinstance(protocols, str):
+        protocols = (protocols,)
     unknown = set(protocols) - set(PROTOCOLS)
     if unknown:
-        raise ValueError(f"unknown protocol(s) {sorted(unknown)}")
+        raise MasrError(
+            f"--protocol must be among {', '.join(PROTOCOLS)}, not {', '.join(sorted(unknown))}"
+        )
+    if full_sample < 0:
+        raise MasrError(f"--full-sample {full_sample}: must be >= 0 (0 = every case)")
+    sizes = {"n_users": data.n_users, "n_playlists": data.n_playlists, "n_songs": data.n_songs}
+    if model.sizes() != sizes:
+        raise MasrError(
+            f"{model.name}: trained on data of another size ({model.sizes()}) than "
+            f"{data.path} ({sizes}); evaluate it on the prepared data it was trained on"
+        )
     if index is None:
-        dev = torch.device(device) if device is not None else next(_devices(model), "cpu")
+        from masr.train import resolve_device
+
+        if device is None:
+            dev = next(_devices(model), torch.device("cpu"))
+        else:
+            dev = device if isinstance(device, torch.device) else resolve_device(str(device))
         index = TrainingIndex.from_data(data, dev)
     cases = data.test if split == "test" else data.valid
     from masr.compiled import compile_scores

@@ -657,6 +657,23 @@ def _rows_out(
     return frame.filter(pl.col("score").is_finite())
 
 
+class _TextBytes(io.RawIOBase):
+    """The bytes ``_write_all`` writes (UTF-8 CSV), passed on to a text stream as text."""
+
+    def __init__(self, text: Any) -> None:
+        self.text = text
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.text.write(bytes(data).decode("utf-8"))
+        return len(data)
+
+    def flush(self) -> None:
+        self.text.flush()
+
+
 def score_file(
     input: str | Path,
     model: str | Path = "exported/masr.onnx",
@@ -692,8 +709,10 @@ def score_file(
     if exported.provider == "cuda":
         _chunk_hint(exported, say)
     try:
-        if out is None:
-            _write_all(lf, input, exported, sys.stdout.buffer, config, summary)
+        if out is None or str(out) == "-":  # "-": stdout, as `masr score --out -` reads it
+            # a text stream without bytes below it (a notebook's, io.StringIO): the CSV as text
+            stdout = getattr(sys.stdout, "buffer", None) or _TextBytes(sys.stdout)
+            _write_all(lf, input, exported, stdout, config, summary)
         else:
             with atomic_file(out, "wb") as fh:
                 _write_all(lf, input, exported, fh, config, summary)

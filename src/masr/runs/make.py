@@ -82,6 +82,7 @@ def train_run(
 ) -> list[RunOutcome]:
     """Make run ``name`` (and the runs it needs) in ``runs_dir``; one outcome per planned run."""
     options = options or RunOptions()  # checked when made (masr.config)
+    check_model_overrides(options.model)
     from masr.train import resolve_device
 
     device = resolve_device(options.device)
@@ -94,6 +95,38 @@ def train_run(
         )
         barrier()  # under torchrun: rank 0's files of this run are written before any rank reads
     return outcomes
+
+
+def check_model_overrides(overrides: dict[str, Any]) -> None:
+    """``RunOptions.model`` as ``masr train --set`` would take it: each NAME a field of some
+    model's config (MODEL.NAME: of that model's), each value of that field's kind; a
+    MasrError names the first one that is not. Options built in Python otherwise keep a typo
+    (``{"dimm": 8}``) without a word, and a string where a number belongs fails deep in
+    training."""
+    from dataclasses import fields
+
+    from masr.config import value_kind_problem
+    from masr.models import REGISTRY, model_class
+
+    kinds: dict[str, dict[str, str]] = {}  # model -> field -> annotation
+    for name in REGISTRY:
+        config_class = model_class(name).config_class
+        kinds[name] = {f.name: str(f.type) for f in fields(config_class)}
+    for key, value in overrides.items():
+        scope, dot, field_name = key.rpartition(".")
+        if dot and scope not in kinds:
+            raise MasrError(f"--set {key}={value}: no model is called {scope!r}")
+        owners = [kinds[scope]] if dot else list(kinds.values())
+        annotations = {a[field_name] for a in owners if field_name in a}
+        if not annotations:
+            raise MasrError(
+                f"--set {key}={value}: no "
+                + (f"{scope} setting" if dot else "model setting")
+                + f" is called {field_name!r}"
+            )
+        problems = [value_kind_problem(value, a) for a in annotations]
+        if value is not None and all(problems):  # None: the model's own default
+            raise MasrError(f"--set {key}={value!r}: {problems[0]}")
 
 
 def _make(

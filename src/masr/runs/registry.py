@@ -269,6 +269,7 @@ TABLE3 = (
 def default_recipe(name: str) -> str:
     """The recipe ``masr train --model name`` uses when --recipe is not given: masr's own
     models (``OURS``, ``ABLATIONS``) take ``DEFAULT_RECIPE``, the baselines their own defaults."""
+    run_spec(name)  # a MasrError for a name that is no run
     return DEFAULT_RECIPE if name in dict(OURS + ABLATIONS) else BASELINE_RECIPE
 
 

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from masr.models.base import Recommender
 
 
-def read_run_json(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "run.json"
+def read_run_json(run_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / "run.json"
     if not path.is_file():
         return None
     try:
@@ -165,6 +165,12 @@ def load_run(
     gets the lines of ``run_warnings``."""
     from masr.checkpoint import load_model
 
+    if not isinstance(device, str) or device != "cpu":  # "auto", "cuda": as training reads them
+        import torch
+
+        from masr.train import resolve_device
+
+        device = device if isinstance(device, torch.device) else resolve_device(str(device))
     path = Path(runs_dir) / name / "best.pt"
     if not path.is_file():
         have = available_runs(runs_dir)

@@ -1,0 +1,136 @@
+"""masr as a Python library: what a researcher's script gets for the mistakes the command line
+would have caught (one MasrError naming the setting, not an error deep inside training), and the
+conveniences the CLI has (device "auto", stdout that is a text stream)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from masr.config import AdversarialConfig, RunOptions, TrainConfig
+from masr.errors import MasrError
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(prepared data, runs) with one tiny MDR run."""
+    from conftest import write_planted
+
+    from masr.dataset import load_prepared
+    from masr.runs import train_run
+
+    root = tmp_path_factory.mktemp("lib")
+    data_dir = write_planted(root / "data")
+    options = RunOptions(device="cpu", train=TrainConfig(epochs=1, batch_size=32), model={"dim": 8})
+    train_run("mdr", load_prepared(data_dir), root / "runs", options)
+    return data_dir, root / "runs"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 1.5}, "--batch-size 1.5: is not an integer"),
+        ({"neg": 2.5}, "--neg 2.5: is not an integer"),
+        ({"seed": 1.5}, "--seed 1.5: is not an integer"),
+        ({"epochs": "3"}, "--epochs '3': is not an integer"),
+        ({"lr": "0.01"}, "--lr '0.01': is not a number"),
+        ({"sparse": 1}, "--sparse 1: is not true/false"),
+    ],
+)
+def test_configs_refuse_values_of_the_wrong_kind(kwargs: dict, message: str) -> None:
+    with pytest.raises(MasrError, match=f"^{message}"):
+        TrainConfig(**kwargs)
+
+
+def test_configs_take_numpy_integers_and_ints_for_floats() -> None:
+    import numpy as np
+
+    config = TrainConfig(epochs=np.int64(3), lr=1, time_limit=0)
+    assert type(config.epochs) is int and config.epochs == 3 and config.lr == 1
+    with pytest.raises(MasrError, match="--adv-epochs 2.0: is not an integer"):
+        AdversarialConfig(epochs=2.0)
+    assert AdversarialConfig(lr=None).lr is None
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"dimm": 8}, "--set dimm=8: no model setting is called 'dimm'"),
+        ({"mdrr.dim": 8}, "--set mdrr.dim=8: no model is called 'mdrr'"),
+        ({"mdr.shrink": 10.0}, "--set mdr.shrink=10.0: no mdr setting is called 'shrink'"),
+        ({"dim": 3.5}, "--set dim=3.5: is not an integer"),
+        ({"dim": "8"}, "--set dim='8': is not an integer"),
+    ],
+)
+def test_run_options_model_settings_are_checked_like_set(
+    trained: tuple[Path, Path], tmp_path: Path, model: dict, message: str
+) -> None:
+    from masr.dataset import load_prepared
+    from masr.runs import train_run
+
+    options = RunOptions(device="cpu", train=TrainConfig(epochs=1), model=model)
+    with pytest.raises(MasrError, match=f"^{message}"):
+        train_run("mdr", load_prepared(trained[0]), tmp_path / "runs", options)
+    assert not (tmp_path / "runs").exists()  # refused before anything was made
+
+
+def test_evaluate_and_load_take_auto_and_refuse_other_data(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from conftest import write_planted
+
+    from masr.dataset import load_prepared
+    from masr.evaluate import evaluate_model
+    from masr.runs import load_run, read_run_json
+
+    data_dir, runs = trained
+    data = load_prepared(data_dir)
+    model, _ = load_run(runs, "mdr", data, device="auto")
+    both = evaluate_model(model, data, "test", device="auto")
+    assert evaluate_model(model, data, "test", protocols="full") == {"full": both["full"]}
+    with pytest.raises(MasrError, match="--protocol must be among sampled, full, not sample"):
+        evaluate_model(model, data, protocols=["sample"])
+    with pytest.raises(MasrError, match="--full-sample -5: must be >= 0"):
+        evaluate_model(model, data, full_sample=-5)
+    with pytest.raises(MasrError, match="--device must be auto, cpu or cuda, not 'gpu'"):
+        evaluate_model(model, data, device="gpu")
+    other = load_prepared(write_planted(tmp_path / "other", songs_per_group=13))
+    with pytest.raises(MasrError, match="trained on data of another size"):
+        evaluate_model(model, other)
+    assert read_run_json(str(runs / "mdr"))["status"] == "finished"  # a str path too
+
+
+def test_recipes_follow_the_options_device_and_check_names() -> None:
+    from masr.runs import default_recipe
+
+    cpu = RunOptions(device="cpu").with_recipe("fullrank")
+    assert cpu.train.neg == 128 and cpu.model_train["mdr"]["neg"] == 1024
+    assert RunOptions(device="cuda").with_recipe("fullrank").train.neg == 1024
+    with pytest.raises(MasrError, match="with_recipe: epoch not among the options"):
+        RunOptions().with_recipe("fullrank", {"epoch"})
+    with pytest.raises(MasrError, match="--model amsar: unknown model"):
+        default_recipe("amsar")
+
+
+def test_score_file_writes_csv_to_a_text_stdout(
+    trained: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook's stdout (and io.StringIO) has no bytes below it; "-" is stdout too."""
+    from masr.config import ExportConfig
+    from masr.export import export_model
+    from masr.score import score_file
+
+    model = export_model(trained[1], tmp_path / "m.onnx", ExportConfig(model="mdr")).path
+    src = tmp_path / "in.csv"
+    src.write_text("user_id,playlist_id,track_id\nu0,p0,s1\nu0,p0,s2\nu9,fresh,s40\n")
+    score_file(src, model, tmp_path / "file.csv")
+    monkeypatch.chdir(tmp_path)
+    for out in (None, "-"):
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            score_file(src, model, out)
+        assert text.getvalue() == (tmp_path / "file.csv").read_text()
+    assert not (tmp_path / "-").exists()
