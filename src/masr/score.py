@@ -230,7 +230,10 @@ class Engine:
     def top_k(
         self, users: np.ndarray, playlists: np.ndarray, members: np.ndarray, k: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(songs (B, K) int64, scores (B, K) float32) for one batch; -1 = unknown/padding."""
+        """(songs (B, K) int64, scores (B, K) float32) for one batch. In the inputs -1 is an
+        unknown user or playlist, or a padded member slot; in the outputs a slot past a
+        playlist's eligible songs (K above the catalog less its members) has score -inf and a
+        meaningless song index (``masr score`` drops such rows)."""
         songs, scores = self.session.run(
             ["songs", "scores"],
             {
