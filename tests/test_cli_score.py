@@ -605,3 +605,22 @@ def test_fold_in_on_an_export_without_mdr_is_noted(tmp_path: Path, runs: Path) -
                                  "mean", "--out", str(tmp_path / "mass.onnx")])
     assert result.exit_code == 0, result.stderr
     assert "--fold-in mean not used" in result.stderr
+
+
+def test_an_export_without_mdr_says_how_songless_playlists_are_ranked(
+    tmp_path: Path, runs: Path
+) -> None:
+    """α 0 exports MASS alone: a playlist with no known song has no user taste to fall back
+    on, only MASS's song biases; export and score say so (with MDR: user taste first)."""
+    src = tmp_path / "in.csv"
+    src.write_text("user_id,playlist_id,track_id\nu0,NEW,unknown\n")
+    for alpha, said in (("0", "MASS's song biases alone"), ("0.5", "user taste, then")):
+        out = tmp_path / alpha / "m.onnx"
+        export = runner.invoke(
+            app, ["export", "--runs", str(runs), "--alpha", alpha, "--out", str(out)]
+        )
+        assert export.exit_code == 0, export.stderr
+        assert ("without MDR" in export.stderr) == (alpha == "0")
+        result = runner.invoke(app, ["score", str(src), "--model", str(out), "--k", "3"])
+        assert result.exit_code == 0, result.stderr
+        assert f"1 playlist without a known song (ranked by {said}" in result.stderr

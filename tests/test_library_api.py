@@ -134,3 +134,42 @@ def test_score_file_writes_csv_to_a_text_stdout(
             score_file(src, model, out)
         assert text.getvalue() == (tmp_path / "file.csv").read_text()
     assert not (tmp_path / "-").exists()
+
+
+def test_an_empty_split_is_refused_not_reported_as_zeros(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """No test (or validation) case left by prep: evaluation refuses in one line instead of
+    printing hit@10 = 0.0, and training refuses, having nothing to choose its epochs on."""
+    import dataclasses
+
+    import numpy as np
+
+    from masr.dataset import Cases, load_prepared
+    from masr.evaluate import evaluate_model
+    from masr.runs import load_run, train_run
+
+    data = load_prepared(trained[0])
+    empty = Cases(*(np.zeros(0, dtype=np.int64),) * 3, np.zeros((0, 0), dtype=np.int64))
+    model, _ = load_run(trained[1], "mdr", data)
+    no_test = dataclasses.replace(data, test=empty)
+    with pytest.raises(MasrError, match="no test cases to rank .*; --split valid has some"):
+        evaluate_model(model, no_test, "test")
+    assert evaluate_model(model, no_test, "valid")["full"]["hit@10"] >= 0
+    options = RunOptions(device="cpu", train=TrainConfig(epochs=1), model={"dim": 8})
+    with pytest.raises(MasrError, match="no validation cases"):
+        train_run("pop", dataclasses.replace(data, valid=empty), tmp_path / "runs", options)
+
+
+def test_undefined_figures_are_null_in_json_and_said_in_the_table() -> None:
+    """A standard error of one case is NaN: JSON has no NaN, so it is null there."""
+    import json
+
+    from masr.report import to_jsonable
+    from masr.significance import interval_text
+
+    out = to_jsonable({"se": float("nan"), "ci95": [float("-inf"), 0.5], "n": 1})
+    assert json.loads(json.dumps(out, allow_nan=False)) == {"se": None, "ci95": [None, 0.5], "n": 1}
+    nan = float("nan")
+    assert interval_text({"delta": 0.0, "ci95": [nan, nan]}) == "+0.0000 (one case: no interval)"
+    assert interval_text({"delta": 0.01, "ci95": [0.0, 0.02]}) == "+0.0100 ± 0.0100"

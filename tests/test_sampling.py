@@ -112,9 +112,13 @@ def test_negative_of_an_almost_full_playlist_is_exact() -> None:
     assert 3 not in neg[2].tolist()
 
 
-def test_full_playlist_is_a_clear_error() -> None:
-    with pytest.raises(MasrError, match="every catalog song"):
-        TrainingIndex.from_data(make_data([[0, 1, 2], [0]], 3))
+def test_full_playlist_is_a_clear_error_for_bpr_only() -> None:
+    """A playlist holding every catalog song has no BPR negatives: one line from
+    ``check_negatives``; the index itself (evaluation, fitted baselines, sampled softmax) is
+    fine."""
+    index = TrainingIndex.from_data(make_data([[0, 1, 2], [0]], 3))
+    with pytest.raises(MasrError, match="1 playlist.s. hold every catalog song, so --loss bpr"):
+        index.check_negatives("data")
 
 
 def test_members_exclude_the_positive_and_keep_the_rest() -> None:

@@ -402,6 +402,13 @@ def evaluate_model_and(
             dev = device if isinstance(device, torch.device) else resolve_device(str(device))
         index = TrainingIndex.from_data(data, dev)
     cases = data.test if split == "test" else data.valid
+    if len(cases) == 0:  # metrics of no case would read as 0.0: refused instead
+        other = "valid" if split == "test" else "test"
+        has_other = len(data.valid if split == "test" else data.test) > 0
+        raise MasrError(
+            f"{data.path}: no {split} cases to rank (masr prep kept none, as its warning said)"
+            + (f"; --split {other} has some" if has_other else "; prepare more playlists")
+        )
     from masr.compiled import compile_scores
 
     was_training = model.training

@@ -495,8 +495,8 @@ def _prepare(
     )
     if len(empty) == 2:
         raise MasrError(
-            f"no validation and no test case left: {why}, so no model could be validated or "
-            "tested; give more playlists, with songs in common"
+            f"{source}: no validation and no test case left: {why}, so no model could be "
+            "validated or tested; give more playlists, with songs in common"
         )
     if empty:  # e.g. a tiny input: preparing it is fine, say what it lacks
         say(f"warning: no {empty[0]} case left ({why}): "

@@ -7,6 +7,7 @@ order are ``masr.runs.registry`` (shared with the store, which lists runs in tha
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -355,7 +356,8 @@ def plot_hit_curves(
 def to_jsonable(results: Any) -> Any:
     """Round floats for the JSON output (6 decimals keeps every reported digit; below 1e-4,
     6 significant digits, so that a p-value of 1e-50 stays one and never becomes 0), at any
-    depth (``--significance`` adds standard errors and the paired comparisons, a list)."""
+    depth (``--significance`` adds standard errors and the paired comparisons, a list); NaN
+    and infinities (undefined: a standard error of fewer than two cases) become null."""
 
     def walk(value: Any) -> Any:
         if isinstance(value, dict):
@@ -365,6 +367,8 @@ def to_jsonable(results: Any) -> Any:
         if isinstance(value, (bool, int, str)) or value is None:
             return value
         number = float(value)
+        if not math.isfinite(number):  # a standard error of one case: JSON has no NaN
+            return None
         return float(f"{number:.6g}") if 0 < abs(number) < 1e-4 else round(number, 6)
 
     return walk(results)

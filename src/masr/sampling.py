@@ -44,6 +44,19 @@ class TrainingIndex:
     #: lazily built lookups (neighbourhoods), keyed by what they hold
     cache: dict = field(default_factory=dict, repr=False, compare=False)
 
+    def check_negatives(self, where: object) -> None:
+        """A MasrError when a playlist holds every catalog song: BPR draws each row's
+        negatives among the songs outside its playlist, and there are none (sampled softmax,
+        whose shared negatives a playlist's own songs are masked out of, and the fitted
+        baselines need no such songs)."""
+        full = int((self.indptr[1:] - self.indptr[:-1] >= self.n_songs).sum())
+        if full:
+            raise MasrError(
+                f"{where}: {full} playlist(s) hold every catalog song, so --loss bpr has no "
+                "negatives to draw for them; train with --loss softmax (the default recipe of "
+                "masr's models), or give playlists with more songs between them"
+            )
+
     @classmethod
     def from_data(cls, data: PreparedData, device: torch.device | str = "cpu") -> TrainingIndex:
         """Move ``data``'s training CSR to ``device`` and build the search keys."""
@@ -54,11 +67,6 @@ class TrainingIndex:
         lengths = indptr[1:] - indptr[:-1]  # (P,)
         if playlist.numel() == 0:
             raise MasrError(f"{data.path}: no training interactions")
-        full = int((lengths >= v).sum())
-        if full:
-            raise MasrError(
-                f"{data.path}: {full} playlist(s) hold every catalog song; no negatives to sample"
-            )
         rank = torch.arange(playlist.numel(), device=device) - indptr[playlist]  # (N,)
         playlist_user = torch.as_tensor(data.playlist_user, dtype=torch.long, device=device)
         if data.train_rank is not None:

@@ -85,6 +85,9 @@ class ScoreSummary:
     #: only, as in MPD's challenge set, is an empty playlist to continue)
     trackless_rows: int = 0
     fallback_playlists: int = 0  # no usable member: user term, then song popularity
+    #: how those are ranked: MDR's user term, then the song biases; an export without an MDR
+    #: part (α 0, or MASS alone) has only MASS's song biases
+    fallback: str = "user taste, then popularity"
     short_playlists: int = 0  # fewer than K songs left to recommend
     regrouped: bool = False  # playlists' rows not adjacent: the input regrouped in memory
     provider: str = "cpu"
@@ -107,7 +110,7 @@ class ScoreSummary:
             parts.append(f"{_n(self.trackless_rows, 'row')} without a track id ignored")
         parts.append(
             f"{_n(self.fallback_playlists, 'playlist')} without a known song "
-            "(ranked by user taste, then popularity)"
+            f"(ranked by {self.fallback})"
         )
         if self.short_playlists:
             parts.append(f"{_n(self.short_playlists, 'playlist')} with fewer than K songs left")
@@ -703,6 +706,8 @@ def score_file(
     lf = check_paths(input, out, config, model)
     exported = ExportedModel(model, config.device, config.workers, config.batch_size)
     summary = ScoreSummary(provider=exported.provider)
+    if "mdr" not in exported.metadata.get("dims", {"mdr": None}):
+        summary.fallback = "MASS's song biases alone: this export has no MDR part"
     say(
         f"ONNX Runtime on {exported.provider.upper()}: {exported.metadata.get('model')} "
         f"({exported.n_songs:,} songs), {exported.workers} worker(s), "

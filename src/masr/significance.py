@@ -106,7 +106,10 @@ def paired(ranks_a: np.ndarray, ranks_b: np.ndarray) -> dict[str, Any]:
 def interval_text(m: Mapping[str, Any]) -> str:
     """One of ``paired``'s figures as text: Δ ± the half-width of its 95% interval."""
     lo, hi = m["ci95"]
-    return f"{m['delta']:+.4f} ± {(hi - lo) / 2:.4f}"
+    half = (hi - lo) / 2
+    if not math.isfinite(half):  # fewer than two cases: no interval
+        return f"{m['delta']:+.4f} (one case: no interval)"
+    return f"{m['delta']:+.4f} ± {half:.4f}"
 
 
 def comparisons(

@@ -624,6 +624,8 @@ def train_model(
     sparse_ids = {
         id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse
     }
+    if config.loss != "softmax":
+        index.check_negatives(data.path)
     sampler = NegativeSampler(index, config.neg_sampler)
     n_rows = index.n_rows
     steps = math.ceil(n_rows / config.batch_size)

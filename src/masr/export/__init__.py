@@ -138,6 +138,11 @@ def export_model(
         # part's graph alone ranks the same, without ranking the catalog by the unused one
         unused = "mass" if alpha == 1.0 else "mdr"
         say(f"α {alpha:g}: eq. 20 gives the {unused} part no weight; exporting the other alone")
+        if unused == "mdr":
+            say(
+                "note: without MDR, `masr score` ranks a playlist with no known song by MASS's "
+                "song biases alone (no user taste); --alpha 0.25 keeps MDR in the export"
+            )
         mdr, mass = (mdr, None) if alpha == 1.0 else (None, mass)
     default_k = ScoreConfig().k
     if config.candidates is not None and config.candidates < default_k:

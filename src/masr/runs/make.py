@@ -83,6 +83,12 @@ def train_run(
     """Make run ``name`` (and the runs it needs) in ``runs_dir``; one outcome per planned run."""
     options = options or RunOptions()  # checked when made (masr.config)
     check_model_overrides(options.model)
+    if len(data.valid) == 0:
+        raise MasrError(
+            f"{data.path}: no validation cases (masr prep kept none, as its warning said), and "
+            "masr train validates every run on them; prepare more playlists, or try another "
+            "masr prep --seed"
+        )
     from masr.train import resolve_device
 
     device = resolve_device(options.device)
