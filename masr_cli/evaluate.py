@@ -177,8 +177,8 @@ def command(
     full_of = "" if full_n == len(cases) else f" ({full_n} cases drawn with seed {sample_seed})"
     table = Table(
         title=f"{split.value} split, {len(cases)} playlists: sampled = held-out song vs its "
-        f"{negatives} stored negatives; full{full_of} = vs all {prepared.n_songs} catalog "
-        "songs outside the playlist",
+        f"{negatives} stored negatives; full{full_of} = vs every song of the "
+        f"{prepared.n_songs}-song catalog outside the playlist",
         title_justify="left",
     )
     table.add_column("", style="dim")

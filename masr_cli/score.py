@@ -128,8 +128,9 @@ def command(
     input order, rank 1 best, score = the negated fused distance (higher is better). A
     playlist's own songs are never recommended. New playlists are folded in from their known
     songs; unknown songs are ignored; a playlist with no known song is ranked by its user's
-    taste, then by popularity. Logs and the summary line go to stderr. --engine ray spreads
-    the same scoring over a Ray cluster's actors.
+    taste, then by popularity (an export without MDR, α 0: by MASS's song biases alone).
+    Logs and the summary line go to stderr. --engine ray spreads the same scoring over a Ray
+    cluster's actors.
 
     Example: masr score examples/playlists.csv > recs.csv
     """
