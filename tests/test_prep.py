@@ -403,3 +403,35 @@ def test_negatives_past_any_catalog_are_one_line():
 
     with pytest.raises(MasrError, match="--negatives .*at most 2,147,483,647"):
         PrepConfig(negatives=10**20).validate()
+
+
+@pytest.mark.parametrize("form", ["spaced csv", "float parquet"])
+def test_song_names_follow_ids_read_with_cleaning(tmp_path, form):
+    """The names are joined to the catalog by the track id as the ids are read: spaces around
+    a CSV field stripped, a float id read as the whole number it holds. Before, such ids
+    matched no name and every track_name came out null."""
+    rng = np.random.default_rng(1)
+    p, s = rng.integers(0, 80, 2000), rng.integers(0, 150, 2000)
+    if form == "spaced csv":
+        path = tmp_path / "in.csv"
+        lines = [
+            f"u{a % 9}, p{a}, t{b}, Name {b} , Artist{b % 7}" for a, b in zip(p, s, strict=True)
+        ]
+        path.write_text(
+            "user_id, playlist_id, track_id, track_name, artist_name\n" + "\n".join(lines) + "\n"
+        )
+        key = "t{}"
+    else:
+        path = tmp_path / "in.parquet"
+        pl.DataFrame({
+            "user_id": [f"u{a % 9}" for a in p], "playlist_id": [f"p{a}" for a in p],
+            "track_id": s.astype(float), "track_name": [f"Name {b}" for b in s],
+            "artist_name": [f"Artist{b % 7}" for b in s],
+        }).write_parquet(path)
+        key = "{}"
+    prepare(path, tmp_path / "out")
+    songs = pl.read_parquet(tmp_path / "out" / "songs.parquet")
+    assert songs["track_name"].null_count() == 0 and songs["artist_name"].null_count() == 0
+    for track, name in zip(songs["track_id"], songs["track_name"], strict=True):
+        number = int(track[1:] if key == "t{}" else track)
+        assert track == key.format(number) and name == f"Name {number}"

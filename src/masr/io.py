@@ -561,16 +561,18 @@ def read_interactions(
         position = _position_column(path, names, columns.position, taken)
         if position is not None:
             select.append(pl.col(position).alias(POSITION))
-        extras = [
-            pl.col(c).cast(pl.String).alias(e)
+        extras = [  # without the spaces around them, as the ids (``u1, p1, t1, Name``)
+            pl.col(c).cast(pl.String).str.strip_chars(" \t").alias(e)
             for e in SONG_EXTRAS
             if (c := column_named(names, e)) is not None and c not in taken
         ]
         song_extras = None
         if extras and extras_apart:
+            track = column_named(names, wanted["track"])
             song_extras = (
                 lf.select(
-                    pl.col(column_named(names, wanted["track"])).cast(pl.String).alias("track"),
+                    # the key exactly as id_columns reads the track ids, or no name would match
+                    _id_text(pl.col(track), schema[track]).alias("track"),
                     *extras,
                 )
                 .unique(subset="track", keep="first", maintain_order=True)
