@@ -126,3 +126,105 @@ def test_zero_gradient_rows_get_no_noise() -> None:
 def test_unknown_noise_mode() -> None:
     with pytest.raises(ValueError, match="noise"):
         noise_scales(Tiny(TinyConfig(), 1, 2, 3), 1.0, "loud")
+
+
+class _FirstStep(Exception):
+    """Raised from the optimiser: the first step's gradients are in, nothing updated."""
+
+
+@pytest.mark.parametrize("model_name", ["mdr", "mass"])
+@pytest.mark.parametrize("noise", ["flexible", "fixed"])
+def test_one_apr_step_is_eq_23_with_delta_from_eq_24(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, model_name: str, noise: str
+) -> None:
+    """The gradient the training loop hands Adam in an APR step equals, parameter by
+    parameter, ∇L(Θ) + λ_δ ∇L(Θ + δ) (eq. 23), with δ = ε s(θ) g / ‖g‖ from the clean loss's
+    gradient g (eq. 24: per touched row of a table, per tensor otherwise; s = std or 1) and L
+    eq. 21 written as a loop over rows, the same negatives at Θ and at Θ + δ."""
+    import copy
+
+    import torch.nn.functional as F
+    from conftest import write_planted
+
+    import masr.train as train
+    from masr.config import AdversarialConfig, TrainConfig
+    from masr.dataset import load_prepared
+    from masr.models.mass import MASS, MASSConfig
+    from masr.models.mdr import MDR, MDRConfig
+
+    eps, lam = 0.5, 0.7
+    data = load_prepared(write_planted(tmp_path / "data"))
+    sizes = (data.n_users, data.n_playlists, data.n_songs)
+    torch.manual_seed(3)
+    model = (
+        MDR(MDRConfig(dim=4, dropout=0.0), *sizes)
+        if model_name == "mdr"
+        else MASS(MASSConfig(dim=4, dropout=0.0), *sizes)
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    start = copy.deepcopy(model.state_dict())
+    calls: list[tuple] = []
+    got: dict[str, Tensor] = {}
+    real_loss = train.ranking_loss
+
+    def recorded(model_, batch, positives, negatives, mode):  # noqa: ANN001, ANN202
+        calls.append((batch, positives.clone(), negatives.clone()))
+        return real_loss(model_, batch, positives, negatives, mode)
+
+    def capture(self) -> None:  # noqa: ANN001
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                got[name] = (p.grad.to_dense() if p.grad.is_sparse else p.grad).clone()
+        raise _FirstStep
+
+    monkeypatch.setattr(train, "ranking_loss", recorded)
+    monkeypatch.setattr(train.LazyAdam, "step", capture)
+    config = TrainConfig(epochs=1, batch_size=16, lr=0.01, neg=4, valid_sample=0)
+    with pytest.raises(_FirstStep):
+        train.train_model(
+            model, data, config, adversarial=AdversarialConfig(eps=eps, reg_adv=lam, noise=noise)
+        )
+    assert len(calls) == 2  # the clean loss and the loss at Θ + δ
+    (batch, positives, negatives), (_, positives2, negatives2) = calls
+    assert torch.equal(positives, positives2) and torch.equal(negatives, negatives2)
+
+    reference = copy.deepcopy(model)
+    reference.load_state_dict(start)
+    reference.train()
+    for module in reference.modules():
+        if isinstance(module, nn.Embedding):
+            module.sparse = False
+    params = dict(reference.named_parameters())
+    tables = {f"{n}.weight" for n, m in reference.named_modules() if isinstance(m, nn.Embedding)}
+
+    def eq_21() -> Tensor:  # the closest of the row's negatives, the batch's mean
+        o = reference.distance(batch, torch.cat([positives[:, None], negatives], 1))
+        rows = [-F.logsigmoid(o[r, 1:].min() - o[r, 0]) for r in range(o.shape[0])]
+        return sum(rows) / len(rows)
+
+    def gradients() -> dict[str, Tensor]:
+        grads = torch.autograd.grad(eq_21(), list(params.values()), allow_unused=True)
+        return {
+            n: torch.zeros_like(p) if g is None else g
+            for (n, p), g in zip(params.items(), grads, strict=True)
+        }
+
+    clean = gradients()
+    with torch.no_grad():
+        for name, p in params.items():  # eq. 24, s(θ) taken from Θ as the epoch starts
+            s = 1.0 if noise == "fixed" or p.numel() < 2 else float(p.std())
+            g, delta = clean[name], torch.zeros_like(p)
+            if name in tables:
+                for r in range(p.shape[0]):
+                    if float(g[r].norm()) > 0:
+                        delta[r] = eps * s * g[r] / g[r].norm()
+            elif float(g.norm()) > 0:
+                delta = eps * s * g / g.norm()
+            p.add_(delta)
+    adversarial = gradients()
+    for name in params:
+        want = clean[name] + lam * adversarial[name]  # eq. 23
+        have = got.get(name, torch.zeros_like(want))
+        assert torch.allclose(have, want, rtol=1e-4, atol=1e-6), name

@@ -669,6 +669,14 @@ def test_masr_fuses_eq_20_and_is_frozen() -> None:
         half = model.with_alpha(0.5)
         assert half.config.alpha == 0.5
         assert torch.allclose(half.distance(batch, songs), 0.5 * o_mdr + 0.5 * o_mass)
+        # the ends of eq. 20 (what --alpha auto may choose): one part alone, exactly
+        everything = all_songs(batch)
+        for alpha, part in ((0.0, mass), (1.0, mdr)):
+            end = model.with_alpha(alpha)
+            assert torch.allclose(end.distance(batch, songs), part.distance(batch, songs))
+            assert torch.allclose(
+                end.full_distance(batch, chunk=6), part.distance(batch, everything), atol=1e-9
+            )
 
 
 def test_masr_rejects_alpha_outside_unit_interval() -> None:

@@ -39,7 +39,9 @@ class Delta:
 
 
 def noise_scales(model: Recommender, eps: float, noise: str) -> dict[str, Tensor]:
-    """|delta| per row (tables) or per tensor: eps * std(param) ("flexible") or eps ("fixed")."""
+    """|delta| per row (tables) or per tensor: eps * std(param) ("flexible") or eps ("fixed").
+    A one-element parameter has no std (the paper's s(θ) is undefined there; a metric vector at
+    d = 1): it gets eps, as "fixed" gives."""
     if noise not in NOISE_MODES:
         raise ValueError(f"noise must be one of {NOISE_MODES}, not {noise!r}")
     scales = {}

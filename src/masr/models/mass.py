@@ -22,6 +22,11 @@ Ablations (section 5.3, Tables 3-4), chosen by ``MASSConfig.context`` and ``.att
     attention "*-dot":                      α_t = softmax_t(q^(a) · s_t^(a))  (replaces 17-18)
     attention "none":                       α_t = 1 / |members|               (FISM-like)
 
+Two readings of the printed equations: eqs. 14, 17 and 18 print d² = ‖eᵀe‖²₂, literally the
+fourth power (Σ e²)²; the left-hand side d²_M and eq. 3's definition say Σ e², which is what is
+computed (a typo in the print). Eq. 12's text calls the bias "b ∈ ℝ" while the equation writes a
+vector b1: b1 and b2 are d-dimensional here (``nn.Linear``'s bias), one per query dimension.
+
 The paper's eq. 19 writes o negated (a score); here o is a distance (lower = better) like MDR's
 eq. 11, so MASR's eq. 20 adds like with like. A row with no real member has no attention
 distribution: its MASS distance is defined as the song bias b_{s_k} alone (α = 0), which keeps it
