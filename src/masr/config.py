@@ -88,7 +88,7 @@ def _finite(x: float) -> bool:
 def value_kind_problem(value: Any, annotation: str) -> str | None:
     """Why ``value`` does not fit a config field annotated ``annotation`` ("int", "float",
     "str", "bool", "float | None" ...), or None when it fits: ints are integers (numpy's too,
-    not bools), floats are finite or infinite real numbers (ints too, not bools). For configs
+    not bools), floats are real numbers (ints too, not bools; ranges are the checks'). For configs
     built in Python, where no command line has parsed the value: a string where a number
     belongs fails at once, not deep inside training."""
     kinds = [part.strip() for part in annotation.split("|")]
