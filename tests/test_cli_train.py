@@ -407,6 +407,11 @@ def test_the_next_step_hint_runs_as_printed(tmp_path: Path) -> None:
     done = _ok(["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *TINY,
                 "--resume"])
     assert "nothing to resume" in done.stderr
+    # a part the plan needs that never began just starts; the run named says it
+    chain = _ok(["train", "--model", "amass", "--data", str(data), "--runs", str(runs), *TINY,
+                 "--resume"])
+    assert "amass: nothing to resume" in chain.stderr
+    assert "mass: nothing to resume" not in chain.stderr.replace("amass: nothing", "")
     hint = done.stderr.split("next: ")[-1].split()
     assert hint[:2] == ["masr", "evaluate"]
     assert "--data" in hint and "--runs" in hint

@@ -160,7 +160,9 @@ def _make(
         if world().is_main and remove_temp_entries(run_dir):
             log(f"{run}: removed the temporary files of an earlier, killed masr train")
         info = read_run_json(run_dir)  # read again, under the lock
-        return _build(run, data, runs_dir, options, sig, info, device, resume, progress, log)
+        return _build(
+            run, data, runs_dir, options, sig, info, device, resume, progress, log, target=target
+        )
 
 
 def _reused(
@@ -195,8 +197,11 @@ def _build(
     resume: bool,
     progress: TrainProgress | None,
     log: Callable[[str], None],
+    *,
+    target: bool = True,
 ) -> RunOutcome:
-    """Train, APR, fit or fuse run ``run`` (its lock held by ``_make``)."""
+    """Train, APR, fit or fuse run ``run`` (its lock held by ``_make``; ``target``: the run the
+    command named, not one its plan needs first)."""
     spec = run_spec(run)
     run_dir = runs_dir / run
     if spec.procedure == "fuse":
@@ -249,7 +254,9 @@ def _build(
             f"{recorded} -> {start_epochs}); starting it again from the new best"
         )
         can_resume = False
-    if resume and not (run_dir / "last.pt").is_file():  # new, or stopped in its first epoch
+    if resume and (target or info is not None) and not (run_dir / "last.pt").is_file():
+        # the run named, or a part begun before that stopped in its first epoch (a part never
+        # begun just starts: a chain interrupted early would say this of every later part)
         log(f"{run}: nothing to resume in {run_dir} (no last.pt); training it from the start")
     if can_resume:
         resume_state = load_checkpoint(run_dir / "last.pt")
