@@ -174,5 +174,27 @@ def handle_errors(func: F) -> F:
                 raise typer.Exit(141) from None
             where = f"{exc.filename}: " if exc.filename else ""
             raise fail(f"{where}{exc.strerror or exc}") from None
+        except Exception as exc:
+            if not _peer_stopped(exc):
+                raise
+            rank, size = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
+            raise fail(
+                f"another process of this torchrun stopped (this is rank {rank} of {size}); "
+                "its own error line says why"
+            ) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _peer_stopped(exc: BaseException) -> bool:
+    """Under torchrun, the collective error a rank gets when another rank has exited (an
+    error there, a kill): torch.distributed's DistBackendError, or gloo's "Connection closed
+    by peer" as a RuntimeError. Never True in one process."""
+    # torchrun's environment: the process group may be gone by the time the error gets here
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) < 2:
+        return False
+    kinds = {cls.__name__ for cls in type(exc).__mro__}
+    text = str(exc)
+    return bool(kinds & {"DistBackendError", "DistNetworkError"}) or any(
+        words in text for words in ("Connection closed by peer", "Connection reset by peer")
+    )

@@ -225,7 +225,8 @@ def speed(
 
     Reads the per-epoch training time in each run.json (validation excluded); fitted and fused
     runs have no epochs and are left out. Compare only runs trained on the same data and
-    device: the JSON records each run's device.
+    device, with the same number of processes: the JSON records each run's device and
+    torchrun's data-parallel processes (1 when not under torchrun).
 
     Examples:
 
@@ -256,8 +257,10 @@ def speed(
     for column in ("run", "model", "s/epoch", "epochs", "device"):
         shown.add_column(column, justify="left" if column in {"run", "model"} else "right")
     for run, row in table.items():
+        processes = row.get("processes", 1)
+        device = str(row["device"]) + (f" × {processes} processes" if processes > 1 else "")
         shown.add_row(run, str(row["model"]), f"{row['seconds_per_epoch']:.2f}",
-                      str(row["epochs"]), str(row["device"]))
+                      str(row["epochs"]), device)
     console.print(shown)
     _wrote(out / "speed.json", png)
 

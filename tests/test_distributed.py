@@ -121,3 +121,32 @@ def test_masr_train_under_torchrun_matches_one_process(planted_dir: Path, tmp_pa
         # the same steps up to the per-rank dropout masks: the same figures within noise
         assert abs(a["loss"] - b["loss"]) < 0.02
         assert abs(a["valid"]["hit@10"] - b["valid"]["hit@10"]) < 0.08
+
+
+def test_a_rank_whose_peer_stopped_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under torchrun, an error on rank 0 (a runs folder below a file, a held lock) leaves the
+    other ranks failing in a collective with gloo's "Connection closed by peer": one line
+    pointing to the rank that says why, not a traceback. In one process such an error is
+    not reworded."""
+    import typer
+
+    from masr_cli._common import handle_errors
+
+    @handle_errors
+    def command() -> None:
+        raise RuntimeError("[gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:16279.")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(typer.Exit) as stopped:
+        command()
+    assert stopped.value.exit_code == 1
+    assert capsys.readouterr().err == (
+        "masr: error: another process of this torchrun stopped (this is rank 1 of 2); its own "
+        "error line says why\n"
+    )
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        command()

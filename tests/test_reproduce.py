@@ -150,6 +150,8 @@ def test_analyze_attention_and_speed_on_tiny_runs(planted_dir: Path, tmp_path: P
                                   str(tmp_path / "afile")])
     assert refused.exit_code == 1 and "is a file" in refused.stderr
     assert speed["mass"]["epochs"] == 2 and speed["mass"]["seconds_per_epoch"] > 0
+    assert speed["mass"]["processes"] == 1  # recorded in run.json: 1 outside torchrun
+    assert json.loads((runs / "mass" / "run.json").read_text())["processes"] == 1
     assert epoch_seconds([tmp_path / "nowhere"]) == {}
     # two runs folders with a run of the same name: one row each, and a table on stderr
     log = _invoke(["analyze", "speed", "--runs", str(runs), "--runs", str(runs_dot), "--out",

@@ -252,9 +252,10 @@ def attention_correlation(
 
 
 def epoch_seconds(run_dirs: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
-    """Figure 7: {run: {"seconds_per_epoch", "epochs", "model", "procedure", "device"}} from
-    each run.json's history (training time only, validation excluded); runs without a
-    gradient-training history (fitted, fused) are left out."""
+    """Figure 7: {run: {"seconds_per_epoch", "epochs", "model", "procedure", "device",
+    "processes"}} from each run.json's history (training time only, validation excluded;
+    "processes": torchrun's data-parallel processes, 1 for runs that did not record it); runs
+    without a gradient-training history (fitted, fused) are left out."""
     from masr.runs.store import read_run_json
 
     out: dict[str, dict[str, Any]] = {}
@@ -270,6 +271,7 @@ def epoch_seconds(run_dirs: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
             "model": info.get("model"),
             "procedure": info.get("procedure"),
             "device": info.get("device"),
+            "processes": int(info.get("processes", 1)),
         }
     return out
 

@@ -302,6 +302,9 @@ def _build(
         "made_from": part_stamps(runs_dir, list(start_epochs or {})),
         "data": {"path": str(data.path), "fingerprint": data.fingerprint},
         "device": str(device),
+        # data-parallel processes (torchrun), each on its shard of every batch: epoch times
+        # of runs with other counts do not compare
+        "processes": world().size,
         "options": options.to_dict(),
         "started": now(),
         "history": list(resume_state["history"]) if resume_state else [],
