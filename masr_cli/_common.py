@@ -155,6 +155,10 @@ def handle_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _catch_sigterm()
+        name = func.__module__.rpartition(".")[2]
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and name != "train":
+            # every process would run the whole command: copies colliding on the same files
+            raise fail(f"masr {name} runs as one process; only masr train runs under torchrun")
         try:
             return func(*args, **kwargs)
         except MasrError as exc:

@@ -150,3 +150,26 @@ def test_a_rank_whose_peer_stopped_says_so_in_one_line(
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
         command()
+
+
+def test_only_train_runs_under_torchrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every process of a torchrun would run a whole `masr reproduce` or `masr evaluate`,
+    colliding on the same files: refused in one line; `masr train` is not."""
+    from typer.testing import CliRunner
+
+    from masr_cli.main import app
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    runner = CliRunner()
+    for args in (["evaluate", "--data", str(tmp_path)], ["analyze", "speed", "--runs", "r"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"masr: error: masr {args[0]} runs as one process; only masr train runs under "
+            "torchrun\n"
+        )
+    train = runner.invoke(app, ["train", "--data", str(tmp_path / "none")])
+    assert "only masr train" not in train.stderr
