@@ -123,6 +123,9 @@ def test_ray_errors_are_one_line(tmp_path: Path, exported: Path) -> None:
         (["--format", "parquet", "--out", str(src)], "is a file; --format parquet writes a dir"),
         (["--format", "parquet", "--out", str(tmp_path / "notes")], "other files than Parquet"),
         (["--workers", "0"], "--workers 0: must be >= 1"),
+        # the model's own files, as the local engine refuses them (they were overwritten)
+        (["--out", str(exported)], "is the model's file"),
+        (["--out", f"{exported}.json"], "is the model's file"),
     ]:
         args = ["score", str(src), "--model", str(exported), "--engine", "ray", *extra]
         result = runner.invoke(app, args)
@@ -130,6 +133,14 @@ def test_ray_errors_are_one_line(tmp_path: Path, exported: Path) -> None:
         assert result.stderr.startswith("masr: error: ") and message in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
     assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+    assert onnx_is_whole(exported)
+
+
+def onnx_is_whole(path: Path) -> bool:
+    import onnx
+
+    onnx.load(str(path))  # raises if the file was replaced by CSV
+    return True
 
 
 def test_without_ray_the_ray_engine_is_one_clear_line(

@@ -663,6 +663,12 @@ def _rows_out(
     return frame.filter(pl.col("score").is_finite())
 
 
+def stdout_bytes() -> Any:
+    """Where CSV bytes for stdout go: its binary buffer, or for a text stream without one (a
+    notebook's, ``io.StringIO``) a writer that hands the bytes on as text."""
+    return getattr(sys.stdout, "buffer", None) or _TextBytes(sys.stdout)
+
+
 class _TextBytes(io.RawIOBase):
     """The bytes ``_write_all`` writes (UTF-8 CSV), passed on to a text stream as text."""
 
@@ -694,6 +700,8 @@ def score_file(
     config = config or ScoreConfig()
     config.validate()
     say = log or (lambda _msg: None)
+    if out is not None and str(out) == "-":  # stdout, as `masr score --out -` reads it
+        out = None
     if config.columns is None:
         # the input's column names come from the export's metadata: the model first
         config = replace(config, columns=input_columns(check_model_path(model), say=say))
@@ -717,10 +725,8 @@ def score_file(
     if exported.provider == "cuda":
         _chunk_hint(exported, say)
     try:
-        if out is None or str(out) == "-":  # "-": stdout, as `masr score --out -` reads it
-            # a text stream without bytes below it (a notebook's, io.StringIO): the CSV as text
-            stdout = getattr(sys.stdout, "buffer", None) or _TextBytes(sys.stdout)
-            _write_all(lf, input, exported, stdout, config, summary)
+        if out is None:
+            _write_all(lf, input, exported, stdout_bytes(), config, summary)
         else:
             with atomic_file(out, "wb") as fh:
                 _write_all(lf, input, exported, fh, config, summary)

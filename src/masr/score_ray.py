@@ -26,7 +26,6 @@ import contextlib
 import logging
 import math
 import re
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,6 +51,7 @@ from masr.score import (
     check_paths,
     member_lists,
     plan_batches,
+    stdout_bytes,
 )
 
 NEED_RAY = "--engine ray needs Ray: pip install 'masr[ray]'"
@@ -202,7 +202,7 @@ def score_ray(
     started = time.perf_counter()
     ray = _import_ray()
     input, model = Path(input), Path(model)
-    lf = check_paths(input, out, config)
+    lf = check_paths(input, out, config, model)  # --out may not name the model's files
     # the driver's copy maps ids and checks the export; the actors load their own to score
     driver = ExportedModel(model, "cpu", workers=1, threads=1)
     _two_stage(driver, config, model, say)
@@ -254,7 +254,7 @@ def score_ray(
                     with atomic_dir(out) as tmp:  # type: ignore[arg-type]  # checked: a dir
                         dataset.write_parquet(str(tmp))
                 elif out is None:
-                    _write_csv(dataset, sys.stdout.buffer, ends)
+                    _write_csv(dataset, stdout_bytes(), ends)
                 else:
                     with atomic_file(out, "wb") as fh:
                         _write_csv(dataset, fh, ends)
