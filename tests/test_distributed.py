@@ -134,9 +134,11 @@ def test_a_rank_whose_peer_stopped_says_so_in_one_line(
 
     from masr_cli._common import handle_errors
 
-    @handle_errors
-    def command() -> None:
+    def train() -> None:
         raise RuntimeError("[gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:16279.")
+
+    train.__module__ = "masr_cli.train"  # the one command torchrun runs
+    command = handle_errors(train)
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
