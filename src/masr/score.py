@@ -85,8 +85,8 @@ class ScoreSummary:
     #: only, as in MPD's challenge set, is an empty playlist to continue)
     trackless_rows: int = 0
     fallback_playlists: int = 0  # no usable member: user term, then song popularity
-    #: how those are ranked: MDR's user term, then the song biases; an export without an MDR
-    #: part (α 0, or MASS alone) has only MASS's song biases
+    #: how those are ranked (``fallback_of``): MDR's user term, then the song biases; an export
+    #: without an MDR part (α 0, or MASS alone) has only MASS's song biases
     fallback: str = "user taste, then popularity"
     short_playlists: int = 0  # fewer than K songs left to recommend
     regrouped: bool = False  # playlists' rows not adjacent: the input regrouped in memory
@@ -117,6 +117,14 @@ class ScoreSummary:
         if self.regrouped:
             parts.append("rows regrouped by playlist in memory (not adjacent in the input)")
         return " · ".join(parts)
+
+
+def fallback_of(metadata: dict[str, Any]) -> str:
+    """``ScoreSummary.fallback`` of an export, from its metadata's parts (``dims``)."""
+    dims = metadata.get("dims")
+    if isinstance(dims, dict) and "mdr" not in dims:
+        return "MASS's song biases alone: this export has no MDR part"
+    return ScoreSummary.fallback
 
 
 def _n(count: int, noun: str) -> str:
@@ -713,9 +721,7 @@ def score_file(
     input = Path(input)
     lf = check_paths(input, out, config, model)
     exported = ExportedModel(model, config.device, config.workers, config.batch_size)
-    summary = ScoreSummary(provider=exported.provider)
-    if "mdr" not in exported.metadata.get("dims", {"mdr": None}):
-        summary.fallback = "MASS's song biases alone: this export has no MDR part"
+    summary = ScoreSummary(provider=exported.provider, fallback=fallback_of(exported.metadata))
     say(
         f"ONNX Runtime on {exported.provider.upper()}: {exported.metadata.get('model')} "
         f"({exported.n_songs:,} songs), {exported.workers} worker(s), "

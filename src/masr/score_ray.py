@@ -49,6 +49,7 @@ from masr.score import (
     _rows_out,
     _two_stage,
     check_paths,
+    fallback_of,
     member_lists,
     plan_batches,
     stdout_bytes,
@@ -210,7 +211,11 @@ def score_ray(
     csv = config.out_format == "csv"
     with _cluster(ray) as resources:
         actors, on_gpu = _actors(config, resources)
-        summary = ScoreSummary(provider="cuda" if on_gpu else "cpu", actors=actors)
+        summary = ScoreSummary(
+            provider="cuda" if on_gpu else "cpu",
+            actors=actors,
+            fallback=fallback_of(driver.metadata),
+        )
         per_call = config.batch_size or (512 if on_gpu else 16)  # the local engine's
         blocks, ends = [], []  # object refs; the order after each read chunk's last playlist
         for frame in _playlist_chunks(lf, input, config.read_rows, summary):

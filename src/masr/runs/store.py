@@ -165,12 +165,10 @@ def load_run(
     gets the lines of ``run_warnings``."""
     from masr.checkpoint import load_model
 
-    if not isinstance(device, str) or device != "cpu":  # "auto", "cuda": as training reads them
-        import torch
-
+    if isinstance(device, str) and device != "cpu":  # "auto", "cuda": as training reads them
         from masr.train import resolve_device
 
-        device = device if isinstance(device, torch.device) else resolve_device(str(device))
+        device = resolve_device(device)
     path = Path(runs_dir) / name / "best.pt"
     if not path.is_file():
         have = available_runs(runs_dir)
