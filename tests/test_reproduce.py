@@ -261,6 +261,9 @@ def test_reproduce_end_to_end_then_reuses_every_run(planted_dir: Path, tmp_path:
     assert {"mdr", "mass", "amdr", "amass", "mdr_us", "mass_ps"} <= set(speed)
     report = (out / "report.md").read_text()
     assert "## Table 3" in report and "MASS_ups" in report and "## Figure 7" in report
+    for name in ("fig4_hits", "fig5_dims", "fig6_attention", "fig7_speed"):  # shown in place
+        assert f"]({name}.png)" in report, name
+    assert "## Figure 4" in report
     # the paper's orderings case by case (no baselines trained: no "best baseline" rows)
     paired = json.loads((out / "paired.json").read_text())
     pairs = {(e["run"], e["against"], e["protocol"]) for e in paired}

@@ -21,7 +21,8 @@ Layout of ``out/``::
                             of masr's models vs the best baseline, the paper's orderings): Δ
                             hit@10 / ndcg@10 with 95% intervals, McNemar's p (masr.significance)
     fig4_hits.png fig5_dims.png fig6_attention.png fig7_speed.png   (with matplotlib)
-    report.md               every table in markdown, with the time each stage took
+    report.md               every table in markdown, the figures shown beside them, and the time
+                            each stage took
 
 A run that already finished with the same signature is reused, so an interrupted reproduce
 continues where it stopped.
@@ -349,6 +350,15 @@ def _write_figures(out: Path, tables: dict[str, Any], pairs: list[Any]) -> list[
     ]
 
 
+def _figure(out: Path, name: str, title: str) -> list[str]:
+    """report.md's lines showing the PNG ``name`` beside it (written first by
+    ``_write_figures``), none where it was not written (no matplotlib)."""
+    if not (out / name).is_file():
+        return []
+    lines = [f"## {title}", ""] if title.startswith("Figure 4") else []
+    return [*lines, f"![{title}]({name})", ""]
+
+
 def _num(v: float | None) -> str:
     return "—" if v is None else f"{v:.4f}"
 
@@ -437,6 +447,7 @@ def _write_report(
         "",
         *_entities_section(tables["entities"], labels),
         *_paired_section(tables.get("paired", []), labels),
+        *_figure(out, "fig4_hits.png", "Figure 4: hit@N of every model, N = 1..10"),
         "## Table 3: playlist and user embeddings",
         "",
         *_metric_table([(label, tables["table3"][r]) for r, label in TABLE3]),
@@ -461,6 +472,7 @@ def _write_report(
             "run",
         ),
         "",
+        *_figure(out, "fig5_dims.png", "Figure 5"),
         "## Figure 6: attention weights against PMI attentive scores",
         "",
         "Pearson ρ over all member slots (the paper's), and within cases (each side's deviation",
@@ -472,6 +484,7 @@ def _write_report(
           f"| {v['cases']} |"
           for a, v in tables["fig6_attention"].items()),
         "",
+        *_figure(out, "fig6_attention.png", "Figure 6"),
         "## Figure 7: seconds per training epoch (runs/main)",
         "",
         "| run | s/epoch | epochs | device |",
@@ -479,6 +492,7 @@ def _write_report(
         *(f"| {r} | {v['seconds_per_epoch']:.3f} | {v['epochs']} | {v['device']} |"
           for r, v in tables["fig7_speed"].items()),
         "",
+        *_figure(out, "fig7_speed.png", "Figure 7"),
         "## Time per stage",
         "",
         *(f"- {title}: {s:.1f} s" for title, s in seconds.items()),
