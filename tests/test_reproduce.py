@@ -364,3 +364,23 @@ def test_an_interrupted_reproduce_says_how_to_go_on(
                                  str(tmp_path / "results"), "--device", "cpu"])
     assert result.exit_code == 130
     assert "the same `masr reproduce` command continues it" in result.stderr
+
+
+def test_a_run_interrupted_inside_reproduce_names_reproduce(
+    planted_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """The run's own line says what continues it: inside `masr reproduce` that is the same
+    reproduce command, not `masr train --resume`."""
+    import masr.train
+
+    def saved_then_interrupted(*args, run_dir=None, **kwargs):
+        (Path(run_dir) / "last.pt").write_bytes(b"an epoch")  # as after a finished epoch
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(masr.train, "train_model", saved_then_interrupted)
+    result = runner.invoke(app, ["reproduce", "--data", str(planted_dir), "--out",
+                                 str(tmp_path / "results"), "--device", "cpu"])
+    assert result.exit_code == 130
+    run_lines = [line for line in result.stderr.splitlines() if "interrupted after" in line]
+    assert run_lines and run_lines[0].endswith("the same `masr reproduce` command continues it")
+    assert "masr train ... --resume" not in result.stderr

@@ -251,7 +251,10 @@ def _make(name: str, data: Any, runs_dir: Path, options: RunOptions, say: Log) -
         say(f"{runs_dir.name}/{name}: finished before, reused")
         return
     try:
-        outcomes = train_run(name, data, runs_dir, options, log=say)
+        outcomes = train_run(
+            name, data, runs_dir, options, log=say,
+            resume_hint="the same `masr reproduce` command",
+        )
     except KeyboardInterrupt:  # the run said how `masr train` goes on; the whole job too
         say("masr reproduce: interrupted; the same `masr reproduce` command continues it "
             "(finished runs are reused, the interrupted one is trained again)")

@@ -79,8 +79,11 @@ def train_run(
     resume: bool = False,
     progress: TrainProgress | None = None,
     log: Callable[[str], None] | None = None,
+    resume_hint: str = "`masr train ... --resume` with the same options",
 ) -> list[RunOutcome]:
-    """Make run ``name`` (and the runs it needs) in ``runs_dir``; one outcome per planned run."""
+    """Make run ``name`` (and the runs it needs) in ``runs_dir``; one outcome per planned run.
+    ``resume_hint``: what an interrupted run's log line says continues it (the command that
+    called: ``masr reproduce`` continues by running again)."""
     options = options or RunOptions()  # checked when made (masr.config)
     check_model_overrides(options.model)
     if len(data.valid) == 0:
@@ -97,7 +100,10 @@ def train_run(
     outcomes = []
     for run in plan(name):
         outcomes.append(
-            _make(run, run == name, data, runs_dir, options, device, resume, progress, log)
+            _make(
+                run, run == name, data, runs_dir, options, device, resume, progress, log,
+                resume_hint,
+            )
         )
         barrier()  # under torchrun: rank 0's files of this run are written before any rank reads
     return outcomes
@@ -145,6 +151,7 @@ def _make(
     resume: bool,
     progress: TrainProgress | None,
     log: Callable[[str], None],
+    resume_hint: str,
 ) -> RunOutcome:
     run_dir = runs_dir / run
     sig = signature(run, options, data.fingerprint)
@@ -161,7 +168,8 @@ def _make(
             log(f"{run}: removed the temporary files of an earlier, killed masr train")
         info = read_run_json(run_dir)  # read again, under the lock
         return _build(
-            run, data, runs_dir, options, sig, info, device, resume, progress, log, target=target
+            run, data, runs_dir, options, sig, info, device, resume, progress, log,
+            target=target, resume_hint=resume_hint,
         )
 
 
@@ -199,6 +207,7 @@ def _build(
     log: Callable[[str], None],
     *,
     target: bool = True,
+    resume_hint: str = "`masr train ... --resume` with the same options",
 ) -> RunOutcome:
     """Train, APR, fit or fuse run ``run`` (its lock held by ``_make``; ``target``: the run the
     command named, not one its plan needs first)."""
@@ -342,7 +351,7 @@ def _build(
                 pass
             if stopped and (run_dir / "last.pt").is_file():
                 log(f"{run}: interrupted after {len(info['history'])} epoch(s); "
-                    "`masr train ... --resume` with the same options continues it")
+                    f"{resume_hint} continues it")
             elif stopped:  # no epoch saved: a new command starts it again, --resume or not
                 log(f"{run}: interrupted in its first epoch (nothing saved to resume from); "
                     "`masr train` with the same options starts it again")
