@@ -204,3 +204,23 @@ def test_an_error_raised_in_an_actor_comes_back_as_its_one_line(
         pytest.fail("the actor started without its model")
     assert str(error) == f"--model {gone}: no such file; export one first (masr export)"
     assert _raised_by_masr(RuntimeError("the raylet died")) is None
+
+
+def test_an_unreachable_ray_address_is_one_line_not_a_hang() -> None:
+    """Ray retries an address nobody answers at for minutes, deaf to Ctrl-C: masr checks it
+    first (no Ray needed for that). Addresses Ray resolves itself are left alone."""
+    import socket
+
+    from masr.errors import MasrError
+    from masr.score_ray import check_reachable
+
+    for address in ("", "auto", "local"):
+        check_reachable(address)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        check_reachable(f"127.0.0.1:{port}")
+        check_reachable(f"ray://127.0.0.1:{port}")
+    with pytest.raises(MasrError, match="no Ray cluster answers at RAY_ADDRESS=127.0.0.1:"):
+        check_reachable(f"127.0.0.1:{port}")  # closed now: refused at once

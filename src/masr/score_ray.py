@@ -25,7 +25,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import re
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -143,12 +145,32 @@ def _block(prepared: _Prepared, calls: list[np.ndarray], first: int) -> Any:
     )
 
 
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A MasrError when ``address`` (RAY_ADDRESS: ``host:port`` or ``ray://host:port``) names a
+    cluster that does not answer within ``timeout`` seconds. Ray's own joining retries such an
+    address for minutes, deaf to Ctrl-C; "", "auto" and "local" are left to Ray."""
+    target = address.strip().removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        timed_out = isinstance(exc, TimeoutError)
+        reason = f"no answer in {timeout:g} s" if timed_out else exc.strerror or str(exc)
+        raise MasrError(
+            f"--engine ray: no Ray cluster answers at RAY_ADDRESS={address} ({reason}); start "
+            "it, correct RAY_ADDRESS, or unset it for a local cluster"
+        ) from None
+
+
 @contextlib.contextmanager
 def _cluster(ray: Any) -> Iterator[dict[str, float]]:
     """This process's Ray cluster, else RAY_ADDRESS's or a local one, shut down after; yields
     its resources (``CPU``, ``GPU``)."""
     started = not ray.is_initialized()
     if started:
+        check_reachable(os.environ.get("RAY_ADDRESS", ""))
         try:
             ray.init(include_dashboard=False, logging_level=logging.WARNING)
         except Exception as exc:
