@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from masr.config import DEVICES
+from masr.distributed import launched
 from masr.errors import MasrError
 
 #: Logs, tables and progress bars go to stderr; stdout carries data only (CSV, JSON).
@@ -156,7 +157,7 @@ def handle_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _catch_sigterm()
         name = func.__module__.rpartition(".")[2]
-        if _torchrun_processes() > 1 and name != "train":
+        if launched() and name != "train":
             # every process would run the whole command: copies colliding on the same files
             raise fail(f"masr {name} runs as one process; only masr train runs under torchrun")
         try:
@@ -190,20 +191,12 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _torchrun_processes() -> int:
-    """The processes torchrun started (its $WORLD_SIZE); 1 outside torchrun."""
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
-
-
 def _peer_stopped(exc: BaseException) -> bool:
     """Under torchrun, the collective error a rank gets when another rank has exited (an
     error there, a kill): torch.distributed's DistBackendError, or gloo's "Connection closed
     by peer" as a RuntimeError. Never True in one process."""
     # torchrun's environment: the process group may be gone by the time the error gets here
-    if _torchrun_processes() < 2:
+    if not launched():
         return False
     kinds = {cls.__name__ for cls in type(exc).__mro__}
     text = str(exc)

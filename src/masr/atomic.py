@@ -193,7 +193,7 @@ def atomic_group() -> Iterator[Callable[[str | os.PathLike[str]], Path]]:
         name = getattr(exc, "filename", None)
         for tmp, final in staged:  # an OS error about one of the temporary files: its name
             if isinstance(exc, OSError) and name is not None and str(name) == str(tmp):
-                raise OSError(exc.errno, exc.strerror or str(exc), str(final)) from exc
+                raise _named_os_error(exc, final, tmp) or exc from exc
         raise
 
 

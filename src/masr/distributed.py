@@ -58,8 +58,12 @@ def world() -> World:
 
 
 def launched() -> bool:
-    """True when torchrun (or another launcher) started this process as one of several."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """True when torchrun (or another launcher) started this process as one of several (a
+    malformed $WORLD_SIZE counts as one process)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
 
 
 def init_from_env(device: str) -> World:

@@ -54,6 +54,10 @@ if TYPE_CHECKING:
     from masr.train import TrainProgress
 
 
+#: what continues a run interrupted under `masr train` (``train_run``'s ``resume_hint``)
+TRAIN_RESUME_HINT = "`masr train ... --resume` with the same options"
+
+
 @dataclass
 class RunOutcome:
     """What ``train_run`` did with one run of the plan."""
@@ -79,7 +83,7 @@ def train_run(
     resume: bool = False,
     progress: TrainProgress | None = None,
     log: Callable[[str], None] | None = None,
-    resume_hint: str = "`masr train ... --resume` with the same options",
+    resume_hint: str = TRAIN_RESUME_HINT,
 ) -> list[RunOutcome]:
     """Make run ``name`` (and the runs it needs) in ``runs_dir``; one outcome per planned run.
     ``resume_hint``: what an interrupted run's log line says continues it (the command that
@@ -206,8 +210,8 @@ def _build(
     progress: TrainProgress | None,
     log: Callable[[str], None],
     *,
-    target: bool = True,
-    resume_hint: str = "`masr train ... --resume` with the same options",
+    target: bool,
+    resume_hint: str,
 ) -> RunOutcome:
     """Train, APR, fit or fuse run ``run`` (its lock held by ``_make``; ``target``: the run the
     command named, not one its plan needs first)."""
