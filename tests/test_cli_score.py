@@ -535,6 +535,45 @@ def test_score_without_the_metadata_file_reads_the_models_own(
     assert result.exit_code == 1 and "not a readable ONNX model" in result.stderr
 
 
+def test_score_metadata_checks_need_no_onnx_and_come_before_the_input(
+    tmp_path: Path, runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the JSON file the model's own metadata is read with neither onnx (not part of
+    a scoring install) nor a warning missed: the model cannot be checked for damage then. A
+    JSON file that is no object, or another export's (trained on other column names), is one
+    line about that file, not a traceback or a complaint about the input's columns."""
+    out = tmp_path / "ex" / "m.onnx"
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    side = out.with_name("m.onnx.json")
+    kept = side.read_text()
+    expected = runner.invoke(app, ["score", str(src), "--model", str(out)])
+    assert expected.exit_code == 0 and "cannot be checked" not in expected.stderr
+    side.unlink()
+    monkeypatch.setitem(sys.modules, "onnx", None)  # `import onnx` fails as if not installed
+    result = runner.invoke(app, ["score", str(src), "--model", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == expected.stdout
+    assert f"warning: {side} is missing: m.onnx cannot be checked for damage" in result.stderr
+    for text in ("[]", "null", "42"):
+        side.write_text(text)
+        result = runner.invoke(app, ["score", str(src), "--model", str(out)])
+        assert result.exit_code == 1 and result.stdout == ""
+        assert result.stderr.strip().splitlines() == [
+            f"masr: error: {side}: unreadable metadata file (not a JSON object)"
+        ]
+    other = json.loads(kept)
+    other["export_id"] = "another"
+    other["data"]["columns"] = {"user": "owner", "playlist": "list", "track": "song"}
+    side.write_text(json.dumps(other))
+    result = runner.invoke(app, ["score", str(src), "--model", str(out)])
+    assert result.exit_code == 1
+    assert "belongs to another export than m.onnx" in result.stderr
+    assert "missing column" not in result.stderr
+
+
 def test_score_counts_rows_without_a_track(tmp_path: Path, model: Path) -> None:
     """A row with an empty track id inside a playlist that has songs is ignored and counted;
     a playlist of such rows only is an empty playlist to continue (not counted)."""

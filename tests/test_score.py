@@ -467,3 +467,37 @@ def test_input_columns_default_to_the_training_datas(tmp_path: Path, exported: P
     assert summary.playlists == 1 and read_out(tmp_path / "o.csv").height == 3
     with pytest.raises(MasrError, match="missing column 'user_id'.*--user-col"):
         score_file(tmp_path / "in.csv", model, None, ScoreConfig(k=3, columns=Columns()))
+
+
+def test_read_metadata_props_reads_what_onnx_reads_without_the_graph(
+    exported: Path, tmp_path: Path
+) -> None:
+    """``read_metadata_props`` (the protobuf wire format alone) gives the same entries as
+    onnx's full parse, for a whole export and a model without entries; a file that is not a
+    protobuf message, or one cut short, is a ValueError."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from masr.onnx_format import read_metadata_props
+
+    proto = onnx.load_model(str(exported), load_external_data=False)
+    assert read_metadata_props(exported) == {e.key: e.value for e in proto.metadata_props}
+    assert read_metadata_props(exported)["format"] == '"masr-onnx"'
+    bare = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        )
+    )
+    bare.metadata_props.add(key="ünï", value="{\"a\": [1, 2]}")
+    path = tmp_path / "bare.onnx"
+    path.write_bytes(bare.SerializeToString())
+    assert read_metadata_props(path) == {"ünï": "{\"a\": [1, 2]}"}
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(exported.read_bytes()[: exported.stat().st_size // 2])
+    text = tmp_path / "text.onnx"
+    text.write_text("hello, this is not a model\n" * 10)
+    for bad in (cut, text):
+        with pytest.raises(ValueError):
+            read_metadata_props(bad)

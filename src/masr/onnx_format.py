@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import BinaryIO
 
 #: ONNX opset of the graph (ReduceSum/ReduceSumSquare take axes as inputs from opset 18).
 OPSET = 18
@@ -66,3 +67,75 @@ def sha256_file(path: str | Path) -> str:
         while block := fh.read(1 << 22):
             digest.update(block)
     return digest.hexdigest()
+
+
+#: ModelProto's field numbers (onnx.proto) that ``read_metadata_props`` reads
+_METADATA_PROPS_FIELD = 14
+_ENTRY_KEY, _ENTRY_VALUE = 1, 2
+
+
+def _varint(fh: BinaryIO) -> int:
+    """One base-128 varint of the protobuf wire format; ValueError at the end of the file."""
+    value = shift = 0
+    while True:
+        byte = fh.read(1)
+        if not byte:
+            raise ValueError("the file ends inside a field")
+        value |= (byte[0] & 0x7F) << shift
+        if not byte[0] & 0x80:
+            return value
+        shift += 7
+        if shift > 63:
+            raise ValueError("a varint longer than 64 bits")
+
+
+def _string_entry(blob: bytes) -> tuple[str, str]:
+    """A StringStringEntryProto's (key, value)."""
+    import io
+
+    fh, found = io.BytesIO(blob), {_ENTRY_KEY: "", _ENTRY_VALUE: ""}
+    while fh.tell() < len(blob):
+        tag = _varint(fh)
+        if tag & 7 != 2:
+            raise ValueError("a metadata entry that is not two strings")
+        size = _varint(fh)
+        text = fh.read(size)
+        if len(text) != size:
+            raise ValueError("the file ends inside a metadata entry")
+        found[tag >> 3] = text.decode("utf-8")
+    return found[_ENTRY_KEY], found[_ENTRY_VALUE]
+
+
+def read_metadata_props(path: str | Path) -> dict[str, str]:
+    """The metadata entries (``metadata_props``) of the ONNX model file at ``path``, read from
+    the protobuf wire format alone: every other top-level field (the graph and its tensors
+    above all) is skipped by its length, never parsed or loaded, so neither onnx nor
+    onnxruntime is needed and a large model costs a few reads. ValueError for a file that is
+    not a protobuf message (an ONNX model is one)."""
+    props: dict[str, str] = {}
+    with open(path, "rb") as fh:
+        size = fh.seek(0, 2)
+        fh.seek(0)
+        while fh.tell() < size:
+            tag = _varint(fh)
+            field, wire = tag >> 3, tag & 7
+            if field == 0:
+                raise ValueError("field number 0")
+            if wire == 0:  # varint (ir_version, model_version)
+                _varint(fh)
+            elif wire == 1:  # 64-bit
+                fh.seek(8, 1)
+            elif wire == 5:  # 32-bit
+                fh.seek(4, 1)
+            elif wire == 2:  # length-delimited: a string, bytes or a sub-message
+                length = _varint(fh)
+                if fh.tell() + length > size:
+                    raise ValueError("a field longer than the file")
+                if field == _METADATA_PROPS_FIELD:
+                    key, value = _string_entry(fh.read(length))
+                    props[key] = value
+                else:
+                    fh.seek(length, 1)
+            else:
+                raise ValueError(f"wire type {wire}")
+    return props

@@ -62,6 +62,7 @@ from masr.onnx_format import (
     OUTPUTS,
     UNKNOWN,
     WEIGHTS,
+    read_metadata_props,
     sha256_file,
     sidecar,
 )
@@ -125,6 +126,16 @@ def fallback_of(metadata: dict[str, Any]) -> str:
     if isinstance(dims, dict) and "mdr" not in dims:
         return "MASS's song biases alone: this export has no MDR part"
     return ScoreSummary.fallback
+
+
+def unverified_note(model: Path) -> str:
+    """The warning for a model whose file could not be checked against its recorded SHA-256."""
+    side = sidecar(model, "json")
+    what = "is missing" if not side.is_file() else "records no SHA-256 (an older export)"
+    return (
+        f"warning: {side} {what}: {model.name} cannot be checked for damage; "
+        "`masr export` again to restore it"
+    )
 
 
 def _n(count: int, noun: str) -> str:
@@ -331,21 +342,18 @@ class ExportedModel(Engine):
         if meta.get("format") != FORMAT:
             raise MasrError(f"--model {self.path}: not a masr export (no masr metadata)")
         side = sidecar(self.path, "json")
+        #: False when the model's SHA-256 could not be checked (no JSON file, or an old one)
+        self.verified = False
         if side.is_file():
-            try:
-                beside = json.loads(side.read_text())
-            except (OSError, ValueError):
-                raise MasrError(f"{side}: unreadable metadata file") from None
-            if beside.get("export_id") != meta.get("export_id"):
-                raise MasrError(
-                    f"{side}: belongs to another export than {self.path.name}; export again"
-                )
+            beside = _sidecar_json(side)
+            _check_same_export(side, beside, self.path, meta)
             digest = beside.get(MODEL_SHA256)  # exports before 2026-11-29 lack it
             if digest and sha256_file(self.path) != digest:
                 raise MasrError(
                     f"{self.path}: damaged (its SHA-256 is not the one {side.name} recorded); "
                     "export again"
                 )
+            self.verified = bool(digest)
         weights = meta.get("weights")
         if weights:  # the tensors live beside the model (masr.export.external)
             path = self.path.with_name(weights["file"])
@@ -727,6 +735,8 @@ def score_file(
         f"({exported.n_songs:,} songs), {exported.workers} worker(s), "
         f"batches of {exported.batch_size}"
     )
+    if not exported.verified:
+        say(unverified_note(exported.path))
     _two_stage(exported, config, model, say)
     if exported.provider == "cuda":
         _chunk_hint(exported, say)
@@ -784,33 +794,49 @@ def input_columns(
 
 
 def _export_metadata(model: Path) -> dict[str, Any]:
-    """A masr export's metadata: its JSON file, else the model's own metadata entries (the
-    same keys, each value JSON). One error line for an unreadable file or a file that is not
-    an ONNX model, or an ONNX model that is not a masr export; {} when there is no model
-    file (loading it says so)."""
+    """A masr export's metadata: its JSON file when it belongs to the model (the same
+    ``export_id``), else the model's own metadata entries (the same keys, each value JSON),
+    read without loading the graph (``read_metadata_props``). One error line for an unreadable
+    file, a file that is not an ONNX model, an ONNX model that is not a masr export, or a JSON
+    file of another export (read before the input, whose column names it may give); {} when
+    there is no model file (loading it says so)."""
     side = sidecar(model, "json")
-    if side.is_file():
-        try:
-            meta = json.loads(side.read_text())
-        except (OSError, ValueError):
-            raise MasrError(f"{side}: unreadable metadata file") from None
-        return meta if isinstance(meta, dict) else {}
+    beside = _sidecar_json(side) if side.is_file() else None
     if not model.is_file():
-        return {}  # no model at all: loading it says so
-    import onnx  # the model's header only: its tensors may be large or live beside it
-
+        return beside or {}  # no model at all: loading it says so
     try:
-        proto = onnx.load_model(str(model), load_external_data=False)
-    except Exception as exc:
-        text = " ".join(str(exc).split())
-        raise MasrError(f"--model {model}: not a readable ONNX model ({text[:200]})") from None
+        props = read_metadata_props(model)
+    except (OSError, ValueError) as exc:
+        raise MasrError(f"--model {model}: not a readable ONNX model ({exc})") from None
     meta: dict[str, Any] = {}
-    for entry in proto.metadata_props:
+    for key, value in props.items():
         with contextlib.suppress(ValueError):
-            meta[entry.key] = json.loads(entry.value)
+            meta[key] = json.loads(value)
     if meta.get("format") != FORMAT:
         raise MasrError(f"--model {model}: not a masr export (no masr metadata)")
+    if beside is not None:
+        _check_same_export(side, beside, model, meta)
+        return beside
     return meta
+
+
+def _sidecar_json(side: Path) -> dict[str, Any]:
+    """The metadata JSON file next to a model: a JSON object, else one error line."""
+    try:
+        beside = json.loads(side.read_text())
+    except (OSError, ValueError):
+        raise MasrError(f"{side}: unreadable metadata file") from None
+    if not isinstance(beside, dict):
+        raise MasrError(f"{side}: unreadable metadata file (not a JSON object)")
+    return beside
+
+
+def _check_same_export(
+    side: Path, beside: dict[str, Any], model: Path, meta: dict[str, Any]
+) -> None:
+    """One error line when the metadata JSON ``beside`` is not the one of ``model``'s export."""
+    if beside.get("export_id") != meta.get("export_id"):
+        raise MasrError(f"{side}: belongs to another export than {model.name}; export again")
 
 
 def check_paths(

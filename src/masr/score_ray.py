@@ -55,6 +55,7 @@ from masr.score import (
     member_lists,
     plan_batches,
     stdout_bytes,
+    unverified_note,
 )
 
 NEED_RAY = "--engine ray needs Ray: pip install 'masr[ray]'"
@@ -228,6 +229,8 @@ def score_ray(
     lf = check_paths(input, out, config, model)  # --out may not name the model's files
     # the driver's copy maps ids and checks the export; the actors load their own to score
     driver = ExportedModel(model, "cpu", workers=1, threads=1)
+    if not driver.verified:
+        say(unverified_note(driver.path))
     _two_stage(driver, config, model, say)
     k = min(config.k, driver.n_songs)
     csv = config.out_format == "csv"
