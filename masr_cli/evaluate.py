@@ -130,7 +130,7 @@ def command(
 
       masr evaluate --split valid --plot hits.png
     """
-    from masr.atomic import check_output_file
+    from masr.atomic import check_not_inside, check_output_file
     from masr.dataset import load_prepared
     from masr.errors import MasrError
     from masr.report import (
@@ -153,6 +153,9 @@ def command(
         check_output_file(target, "--json")
         if plot is not None and target.resolve() == plot.resolve():
             raise MasrError(f"--json {json_out}: the same file as --plot; give two names")
+    for option, target in (("--json", json_out), ("--plot", plot)):
+        if target not in (None, "-"):  # masr prep replaces that folder (QA: --json over
+            check_not_inside(target, data, option)  # its manifest.json)
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, device.value))
     names = model or ["all"]

@@ -598,6 +598,17 @@ def test_export_out_inside_the_prepared_data_is_refused(tmp_path: Path, runs: Pa
     assert sorted(p.name for p in data.iterdir()) == before
 
 
+def test_export_out_inside_a_run_folder_is_refused(tmp_path: Path, runs: Path) -> None:
+    """--out naming one of the checkpoints the export reads (QA: it replaced the trained run
+    with the ONNX file) or any file of a run folder: one line, every file left as it was."""
+    before = {p: p.read_bytes() for p in runs.glob("*/*") if p.is_file()}
+    for out in (runs / "mdr" / "best.pt", runs / "mass" / "model.onnx"):
+        result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(out)])
+        assert result.exit_code == 1, out
+        assert f"inside the run folder {out.parent.resolve()}" in result.stderr
+    assert {p: p.read_bytes() for p in runs.glob("*/*") if p.is_file()} == before
+
+
 def test_export_out_naming_a_folder_is_refused(tmp_path: Path, runs: Path) -> None:
     """--out DIR/ (a folder meant, not yet there) or an existing folder: one line asking for
     a file name; nothing is written."""

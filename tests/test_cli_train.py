@@ -480,6 +480,11 @@ def test_outputs_inside_the_prepared_data_are_refused(tmp_path: Path) -> None:
            "inside the prepared data folder")
     _fails(["reproduce", "--data", str(data), "--out", str(data / "results"), "--threads", "1"],
            "inside the prepared data folder")
+    before = (data / "manifest.json").read_bytes()
+    for option, name in (("--json", "manifest.json"), ("--plot", "hits.png")):
+        _fails(["evaluate", "--data", str(data), "--runs", str(tmp_path / "runs"), option,
+                str(data / name)], f"{option} {data / name}: inside the prepared data folder")
+    assert (data / "manifest.json").read_bytes() == before
     (tmp_path / "afile").write_text("x")
     _fails(["reproduce", "--data", str(data), "--out", str(tmp_path / "afile"), "--threads",
             "1"], "is a file")

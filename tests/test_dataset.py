@@ -80,3 +80,34 @@ def test_atomic_writes_follow_links_and_never_replace_devices(tmp_path):
     assert not os.path.isfile(os.devnull) and os.path.exists(os.devnull)
     with pytest.raises(MasrError, match="not a regular file"), atomic_group() as stage:
         stage(os.devnull)
+
+
+def test_a_manifest_that_is_not_masr_preps_is_one_clear_error(planted_dir, tmp_path):
+    """JSON that is not a `masr prep` manifest (QA: `masr evaluate --json` written over it gave
+    a KeyError traceback in every later command): one MasrError naming the file and the fix,
+    from the loader and from the export's search for the checkpoints' data."""
+    import json
+
+    import pytest
+
+    from masr.errors import MasrError
+    from masr.export.sources import locate_data
+
+    manifest = planted_dir / "manifest.json"
+    good = json.loads(manifest.read_text())
+    for text, why in (
+        ("[]", "not a JSON object"),
+        (json.dumps({"mdr": {"hit@10": 0.5}}), "no count of users"),
+        (json.dumps({**good, "catalog_songs": "many"}), "no count of catalog songs"),
+        (json.dumps({**good, "playlists": True}), "no count of playlists"),
+        (json.dumps({k: v for k, v in good.items() if k != "fingerprint"}), "no fingerprint"),
+    ):
+        manifest.write_text(text)
+        with pytest.raises(MasrError, match="not a `masr prep` manifest") as err:
+            load_prepared(planted_dir)
+        assert why in str(err.value) and "rerun `masr prep`" in str(err.value)
+    manifest.write_text("[]")
+    with pytest.raises(MasrError, match="is not the data the checkpoints were trained on"):
+        locate_data(tmp_path, [], good["fingerprint"], planted_dir)
+    manifest.write_text(json.dumps(good))
+    assert load_prepared(planted_dir).fingerprint == good["fingerprint"]

@@ -129,6 +129,32 @@ def _cases(df: pl.DataFrame, playlist_user: np.ndarray) -> Cases:
     return Cases(playlist=playlist, user=playlist_user[playlist], song=song, negatives=negatives)
 
 
+#: what every reader of a ``masr prep`` manifest takes from it: the counts and the fingerprint
+_MANIFEST_COUNTS = ("users", "playlists", "catalog_songs")
+
+
+def _check_manifest(manifest: object, path: Path) -> None:
+    """One error line for a manifest.json that is JSON but not ``masr prep``'s (another
+    program's file, or a file written over it): a JSON object with whole counts of users,
+    playlists and catalog songs and a fingerprint."""
+    problem = None
+    if not isinstance(manifest, dict):
+        problem = "not a JSON object"
+    else:
+        for key in _MANIFEST_COUNTS:
+            value = manifest.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                problem = f"no count of {key.replace('_', ' ')}"
+                break
+        else:
+            if not isinstance(manifest.get("fingerprint"), str):
+                problem = "no fingerprint"
+    if problem:
+        raise MasrError(
+            f"{path}: not a `masr prep` manifest ({problem}); rerun `masr prep` for this folder"
+        )
+
+
 def load_prepared(path: str | Path, cases: bool = True) -> PreparedData:
     """Read a ``masr prep`` output directory; a clear MasrError when it is missing or broken.
     ``cases=False`` leaves the validation and test cases out (empty): what needs only the
@@ -149,6 +175,7 @@ def load_prepared(path: str | Path, cases: bool = True) -> PreparedData:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as exc:
         raise MasrError(f"{manifest_path}: unreadable manifest ({exc})") from None
+    _check_manifest(manifest, manifest_path)
     for name in TABLES:
         if not (path / f"{name}.parquet").is_file():
             raise MasrError(

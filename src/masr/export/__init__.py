@@ -93,6 +93,21 @@ class ExportResult:
     files: list[Path] = field(default_factory=list)
 
 
+def _check_outside_runs(out: Path, runs_dir: Path, checkpoints: list[Path]) -> None:
+    """Refuse an ``out`` inside a run folder: the exported checkpoints' own (``--out
+    runs/mdr/best.pt`` would replace the checkpoint it reads) or any other run's in
+    ``runs_dir``, which ``masr train`` clears and rewrites."""
+    target = out.resolve()
+    folders = {c.parent.resolve() for c in checkpoints}
+    folders |= {p.parent.resolve() for p in runs_dir.glob("*/run.json")}
+    for folder in sorted(folders):
+        if folder in target.parents:
+            raise MasrError(
+                f"--out {out}: inside the run folder {folder}, whose files `masr train` "
+                "writes (and the export reads); export elsewhere, e.g. exported/masr.onnx"
+            )
+
+
 def export_model(
     runs_dir: str | Path = "runs",
     out: str | Path = "exported/masr.onnx",
@@ -109,6 +124,7 @@ def export_model(
     if out.exists() and out.is_dir():
         raise MasrError(f"--out {out}: is a directory; give a file name (e.g. {out}/masr.onnx)")
     kind, sources = resolve_sources(runs_dir, config.model)
+    _check_outside_runs(out, runs_dir, [s.path for s in sources])
     say(f"exporting {kind} from {', '.join(str(s.path) for s in sources)}")
     from masr.runs.store import run_warnings
 

@@ -163,9 +163,10 @@ def locate_data(
             continue
         seen.append(str(path))
         try:
-            found = json.loads(manifest.read_text()).get("fingerprint")
+            loaded = json.loads(manifest.read_text())
         except (OSError, ValueError):
             continue
+        found = loaded.get("fingerprint") if isinstance(loaded, dict) else None
         if found == fingerprint:
             return path
         if override is not None:
