@@ -574,6 +574,28 @@ def test_score_metadata_checks_need_no_onnx_and_come_before_the_input(
     assert "missing column" not in result.stderr
 
 
+def test_score_refuses_an_unreadable_input_before_writing_anything(
+    tmp_path: Path, model: Path
+) -> None:
+    """A gzip cut short past its first playlists, or a row without a playlist id after the
+    first playlist: one error line and nothing on stdout (QA: 152,431 lines of a truncated
+    file's first playlists, or the header, were written before the error)."""
+    lines = ["user_id,playlist_id,track_id"]
+    lines += [f"u{i % 12},p{i},s{(i + j) % 48}" for i in range(20_000) for j in range(3)]
+    blob = gzip.compress(("\n".join(lines) + "\n").encode())
+    cut = tmp_path / "cut.csv.gz"
+    cut.write_bytes(blob[: len(blob) * 2 // 3])
+    result = runner.invoke(app, ["score", str(cut), "--model", str(model)])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert f"{cut}: unreadable or malformed file" in result.stderr
+    empty = tmp_path / "empty_id.csv"
+    empty.write_text(ROWS + "u0,,s3\n")
+    result = runner.invoke(app, ["score", str(empty), "--model", str(model)])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert f"{empty}: 1 row(s) have an empty playlist id" in result.stderr
+
+
 def test_score_counts_rows_without_a_track(tmp_path: Path, model: Path) -> None:
     """A row with an empty track id inside a playlist that has songs is ignored and counted;
     a playlist of such rows only is an empty playlist to continue (not counted)."""

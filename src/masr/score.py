@@ -412,7 +412,7 @@ def _playlist_chunks(
     one read chunk). Otherwise (a database export in no particular order) the input is read
     whole and regrouped in memory, playlists in the order of their first row, which
     ``summary.regrouped`` records. ``lf``: the input ``path`` as ``check_paths`` scanned it."""
-    if _adjacent(lf, read_rows):
+    if _adjacent(lf, path, read_rows):
         batches: Iterable[pl.DataFrame] = lf.collect_batches(chunk_size=read_rows)
     else:
         if summary is not None:
@@ -421,30 +421,41 @@ def _playlist_chunks(
     return _complete_playlists(batches, path)
 
 
-def _adjacent(lf: pl.LazyFrame, read_rows: int) -> bool:
+def _adjacent(lf: pl.LazyFrame, path: Path, read_rows: int) -> bool:
     """Whether every playlist's rows are adjacent, within and across read chunks (one pass
-    over the playlist column)."""
+    over the playlist column, before anything is written: a file that cannot be read to its
+    end, or a row without a playlist id, is one error line here, not after the output of
+    the playlists before it)."""
     done = np.empty(0, dtype=np.uint64)
     last = None
+    adjacent = True
+    empty = 0
     try:
         for frame in lf.select("playlist").collect_batches(chunk_size=read_rows):
             if frame.height == 0:
                 continue
             ids = frame["playlist"]
+            empty += ids.null_count()
+            if not adjacent:
+                continue  # read on: the rest of the file must be readable too
             first, tail = ids[0], ids[-1]
             runs = 1 + int(ids.slice(1).ne_missing(ids.slice(0, ids.len() - 1)).sum())
             if runs != ids.n_unique():  # a playlist's rows apart within this chunk
-                return False
+                adjacent = False
+                continue
             if last is not None and first == last:
                 ids = ids.filter(ids != last)  # the previous chunk's last playlist goes on
             _, hashes, again = _seen(ids, done)
             if again.any():
-                return False
+                adjacent = False
+                continue
             done = np.union1d(done, hashes)
             last = tail
-    except Exception:  # polars raises several error types for malformed files
-        return True  # the read itself reports what is wrong
-    return True
+    except Exception as exc:  # polars raises several error types for malformed files
+        raise unreadable(path, exc, "unreadable or malformed file") from None
+    if empty:
+        raise MasrError(f"{path}: {empty} row(s) have an empty playlist id")
+    return adjacent
 
 
 def _regrouped(lf: pl.LazyFrame, path: Path, read_rows: int) -> Iterator[pl.DataFrame]:
@@ -927,14 +938,17 @@ def _write_all(
 ) -> None:
     """Read, score and write chunk by chunk."""
     k = min(config.k, model.n_songs)
-    fh.write(HEADER)
+    header = HEADER  # written with the first rows: an input refused at once writes nothing
     for frame in _playlist_chunks(lf, input, config.read_rows, summary):
         prepared = _prepare(frame, model, summary)
         songs, scores = model.recommend(prepared.users, prepared.playlists, prepared.members, k)
         # fewer than the --k asked for (k itself is at most the catalog)
         summary.short_playlists += int((np.isfinite(scores).sum(1) < config.k).sum())
+        fh.write(header)
+        header = b""
         _rows_out(prepared, songs, scores, model).write_csv(fh, include_header=False)
         fh.flush()
+    fh.write(header)  # no playlist to score: the header alone
 
 
 __all__ = [
