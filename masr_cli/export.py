@@ -130,13 +130,14 @@ def command(
         candidates=candidates,
         fold_in=fold_in.value,
     )
-    from masr.atomic import remove_temp_entries
+    from masr.atomic import check_parents, remove_temp_entries
     from masr.errors import MasrError
 
     if out.endswith(("/", os.sep)) or Path(out).is_dir():
         folder = out.rstrip("/" + os.sep) or out
         raise MasrError(f"--out {out}: is a folder; give a file name (e.g. {folder}/masr.onnx)")
     path = Path(out)
+    check_parents(path, "--out")  # before the lock beside it is made
     with locked(lock_path(path), "masr export"):  # one writer per --out (OUT.lock)
         if remove_temp_entries(path.parent, [path.name], sidecars=True):  # a killed export's
             log_line(f"removed the temporary files of an earlier, killed export to {out}")

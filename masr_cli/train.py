@@ -458,8 +458,9 @@ def command(
 
     ranks = init_from_env(options.device)  # under torchrun: join the process group
     prepared = load_prepared(data)
-    from masr.atomic import check_not_inside
+    from masr.atomic import check_not_inside, check_output_dir
 
+    check_output_dir(runs, "--runs")
     check_not_inside(runs, data, "--runs")
     first_line = cpu_threads_line(threads, options.device)
     from masr.runs.registry import unused_options

@@ -490,6 +490,31 @@ def test_outputs_inside_the_prepared_data_are_refused(tmp_path: Path) -> None:
             "1"], "is a file")
 
 
+def test_outputs_below_a_file_are_one_clear_line(tmp_path: Path) -> None:
+    """An output path under a file (QA: prep and export said only "afile: File exists", train
+    "afile/mdr: Not a directory"): every command names the file, and nothing is made."""
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    below = afile / "sub"
+    for args in (
+        ["prep", "--out", str(below)],
+        ["synth", "--out", str(below / "x.csv")],
+        ["train", "--model", "pop", "--data", str(data), "--runs", str(below)],
+        ["export", "--runs", str(tmp_path / "runs"), "--out", str(below / "m.onnx")],
+        ["reproduce", "--data", str(data), "--out", str(below), "--threads", "1"],
+        ["evaluate", "--data", str(data), "--runs", str(tmp_path / "runs"), "--json",
+         str(below / "m.json")],
+    ):
+        _fails(args, f"{afile} is a file, not a directory")
+    _fails(["train", "--model", "pop", "--data", str(data), "--runs", str(afile)],
+           f"--runs {afile}: is a file, not a folder")
+    assert afile.read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "data"]
+
+
 def test_evaluate_checks_its_json_path_before_the_work(tmp_path: Path) -> None:
     from conftest import write_planted
 

@@ -33,6 +33,8 @@ def _frame() -> pl.DataFrame:
         ("semi.csv", "csv-semicolon"),  # a spreadsheet's CSV where the decimal mark is a comma
         ("semi.csv.gz", "csv-semicolon+gzip"),
         ("pipes.txt", "csv-pipe"),  # a database export
+        ("commas.tsv", "csv"),  # a comma-separated header, whatever the name (QA)
+        ("commas.tab.gz", "csv+gzip"),
     ],
 )
 def test_formats(tmp_path, name, fmt):
@@ -471,6 +473,18 @@ def test_bad_position_names_the_value(tmp_path):
     mixed.write_text("user_id,playlist_id,track_id,when\nu,p,t1,3\nu,p,t2,2020-01-01\n")
     msg = _error(mixed, Columns(position="when"))
     assert "mixes dates ('2020-01-01', data row 2) and numbers ('3', data row 1)" in msg
+    # a column of dates names its first value that is not one (QA: row 1's valid date was
+    # named): a placeholder, another time zone offset, a second header from joined exports
+    head = "user_id,playlist_id,track_id,when\n"
+    dates = [f"u,p,t{i},2021-01-{i + 1:02d}T00:29:00" for i in range(5)]
+    for odd, shown in (("n/a", "'n/a'"), ("2021-02-01T00:00:00+02:00", "+02:00'"),
+                       ("user_id,playlist_id,track_id,when", "'when'")):
+        dated = tmp_path / "dated.csv"
+        odd_row = odd if odd.startswith("user_id") else f"u,p,t9,{odd}"
+        dated.write_text(head + "\n".join([*dates[:3], odd_row, *dates[3:]]) + "\n")
+        msg = _error(dated, Columns(position="when"))
+        assert f"{shown} (data row 4), not a date or datetime in the form of the others" in msg
+        assert "(e.g. '2021-01-01T00:29:00', data row 1" in msg
 
 
 @pytest.mark.parametrize(

@@ -116,7 +116,21 @@ def check_output_file(path: str | os.PathLike[str], option: str) -> None:
     target = Path(path)
     if target.is_dir():
         raise MasrError(f"{option} {path}: is a directory; give a file name")
-    for parent in target.parents:
+    check_parents(target, option)
+
+
+def check_output_dir(path: str | os.PathLike[str], option: str) -> None:
+    """Refuse (MasrError) an output folder path that is a file or lies below one; a missing
+    folder is fine (it is created)."""
+    if Path(path).exists() and not Path(path).is_dir():
+        raise MasrError(f"{option} {path}: is a file, not a folder; choose another {option}")
+    check_parents(path, option)
+
+
+def check_parents(path: str | os.PathLike[str], option: str) -> None:
+    """Refuse (MasrError) an output path below a file (``afile/out``), which no folder can be
+    made for: the OS says only "File exists" or "Not a directory" about it."""
+    for parent in Path(path).parents:
         if parent.exists():
             if not parent.is_dir():
                 raise MasrError(f"{option} {path}: {parent} is a file, not a directory")
@@ -134,6 +148,7 @@ def check_replaceable_dir(
     nor an earlier output of this kind (no ``marker`` file in it: another program's files, a
     runs folder; not checked for ``marker`` None, where the caller knows its own outputs), the
     current folder or one above it, or a folder holding one of ``inputs``."""
+    check_parents(path, option)
     target = Path(path).resolve()
     for item in inputs:
         source = Path(item).resolve()

@@ -113,8 +113,8 @@ def detect_format(path: Path, head: bytes) -> tuple[str, bool]:
             f"{path}: binary content or a header that is not UTF-8 text: not a CSV, TSV or "
             "Parquet file (plain or gzipped)"
         )
-    if last in (".tsv", ".tab"):
-        return "tsv", gz
+    if last in (".tsv", ".tab") and (b"\t" in first_line or b"," not in first_line):
+        return "tsv", gz  # a .tsv whose header has commas and no tab is a CSV (below)
     # a header with tabs and no comma is TSV, whatever the name (.csv, .txt, none); one with
     # semicolons (spreadsheets in locales whose decimal mark is a comma) or pipes (database
     # exports) and no comma or tab is separated by those
@@ -683,15 +683,24 @@ def _text_order(text: pl.Series, path: Path, name: str) -> pl.Series:
     bad = as_float.is_null() & given
     if not bad.any():
         return _float_order(as_float)
-    row = int(bad.arg_true()[0])
     numeric = as_float.is_not_null()
-    if as_time is not None and as_time[row] is not None and numeric.any():
-        other = int(numeric.arg_true()[0])
+    timed = pl.repeat(False, len(text), eager=True) if as_time is None else as_time.is_not_null()
+    if numeric.any() and timed.any() and not (given & ~numeric & ~timed).any():
+        row, other = int(timed.arg_true()[0]), int(numeric.arg_true()[0])
         raise MasrError(
             f"{path}: song-order column {name!r} mixes dates ({text[row]!r}, data row {row + 1}) "
             f"and numbers ({text[other]!r}, data row {other + 1}); use one kind throughout, name "
             "another with --position-col, or drop the column"
         )
+    if timed.sum() > numeric.sum():  # mostly dates: name the first value that is not one
+        row, like = int((given & ~timed).arg_true()[0]), int(timed.arg_true()[0])
+        raise MasrError(
+            f"{path}: song-order column {name!r} holds {text[row]!r} (data row {row + 1}), not "
+            f"a date or datetime in the form of the others (e.g. {text[like]!r}, data row "
+            f"{like + 1}: one form and one time zone offset throughout); fix it, name another "
+            "with --position-col, or drop the column"
+        )
+    row = int(bad.arg_true()[0])
     raise MasrError(
         f"{path}: song-order column {name!r} holds {text[row]!r} (data row {row + 1}), not an "
         "integer, number, date or datetime; fix it, name another with --position-col, or drop "

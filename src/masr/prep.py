@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from masr.atomic import atomic_dir, check_replaceable_dir, remove_temp_entries
+from masr.atomic import atomic_dir, check_parents, check_replaceable_dir, remove_temp_entries
 from masr.config import MAX_SONG_COUNT
 from masr.dataset import FORMAT_VERSION, MANIFEST, fingerprint_of
 from masr.errors import MasrError
@@ -393,6 +393,7 @@ def prepare(
     ``input_path=None`` uses the embedded synthetic dataset (``synth_users`` users). The lock
     ``<out>.lock`` (``masr.lock``) keeps a second ``masr prep --out`` off the same folder.
     """
+    check_parents(out, "--out")  # before the lock beside it is made
     with locked(lock_path(out), "masr prep"):
         target = Path(out).absolute()
         if remove_temp_entries(target.parent, [target.name]) and log is not None:

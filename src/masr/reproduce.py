@@ -83,12 +83,13 @@ def reproduce(
     config = config or ReproduceConfig()
     say = log or (lambda _msg: None)
     data, out = load_prepared(data_dir), Path(out)
-    from masr.atomic import check_not_inside
+    from masr.atomic import check_not_inside, check_parents
     from masr.errors import MasrError
 
     check_not_inside(out, data_dir, "--out")
     if out.exists() and not out.is_dir():
         raise MasrError(f"--out {out}: is a file; reproduce writes a folder (runs, tables, plots)")
+    check_parents(out, "--out")
     runs = out / "runs"
     base = RunOptions(
         train=TrainConfig(

@@ -51,7 +51,7 @@ import numpy as np
 import onnx
 
 from masr import __version__
-from masr.atomic import atomic_group, check_not_inside
+from masr.atomic import atomic_group, check_not_inside, check_parents
 from masr.config import ALPHA, FOLD_IN_MODES, UNKNOWN_USER_MODES, ExportConfig, ScoreConfig
 from masr.config import EXPORT_KINDS as KINDS
 from masr.errors import MasrError
@@ -123,6 +123,7 @@ def export_model(
     runs_dir, out = Path(runs_dir), Path(out)
     if out.exists() and out.is_dir():
         raise MasrError(f"--out {out}: is a directory; give a file name (e.g. {out}/masr.onnx)")
+    check_parents(out, "--out")
     kind, sources = resolve_sources(runs_dir, config.model)
     _check_outside_runs(out, runs_dir, [s.path for s in sources])
     say(f"exporting {kind} from {', '.join(str(s.path) for s in sources)}")
