@@ -146,3 +146,33 @@ def test_one_part_has_no_two_stage_graph() -> None:
             mdr_weights(MDR_PART), None, 1.0, n_users=N_USERS, n_playlists=N_PLAYLISTS,
             n_songs=N_SONGS, candidates=5,
         )  # fmt: skip
+
+
+def test_a_batch_without_member_columns_ranks_as_all_padding() -> None:
+    """members of shape (B, 0), a batch of playlists without a known song as a consumer may
+    build it (QA: a Reshape failed in the exact graphs, the two-stage graph gave NaN): the same
+    songs and scores as one padding column, in the fusion, MASS alone and two stages."""
+    from test_export import session
+
+    from masr.export import mass_weights
+
+    mass_only = session(
+        build_graph(
+            None, mass_weights(MASS_PART), 0.0, n_users=N_USERS, n_playlists=N_PLAYLISTS,
+            n_songs=N_SONGS, chunk=5,
+        )
+    )
+    users = np.array([0, -1, 3], dtype=np.int64)
+    playlists = np.array([1, -1, -1], dtype=np.int64)
+    for sess in (FUSED, mass_only, two_stage_graph(6)):
+        got = {}
+        for width in (0, 1):
+            feed = {
+                "users": users, "playlists": playlists,
+                "members": np.full((3, width), -1, dtype=np.int64),
+                "k": np.array(4, dtype=np.int64),
+            }
+            got[width] = sess.run(["songs", "scores"], feed)
+        assert np.isfinite(got[0][1]).all()
+        np.testing.assert_array_equal(got[0][0], got[1][0])
+        np.testing.assert_allclose(got[0][1], got[1][1], rtol=1e-6)

@@ -35,7 +35,7 @@ from masr.export.onnx_builder import Graph, f32
 from masr.export.two_stage import mass_on_candidates
 from masr.export.weights import MASSWeights, MDRWeights
 from masr.foldin import FoldInMaps
-from masr.onnx_format import CANDIDATES, INPUTS, IR_VERSION, OPSET, OUTPUTS
+from masr.onnx_format import CANDIDATES, INPUTS, IR_VERSION, OPSET, OUTPUTS, UNKNOWN
 
 #: How an unknown user enters eq. 11: from the playlist's members, or not at all.
 
@@ -76,10 +76,11 @@ def graph_and_arrays(
     w_mass = (1.0 - alpha) if mdr is not None else 1.0
     V = n_songs
     g = Graph()
-    users, playlists, members, k = INPUTS
+    users, playlists, members_input, k = INPUTS
 
     zero_i, ax1 = g.ints(), g.ints(1)
     g.ints(2)  # created here so that constant names stay where they always were
+    members = _one_slot_at_least(g, members_input)  # (B, max(L, 1))
     # member slots: real (B, L) bool, safe indices (padding -> 0), counts (B, 1)
     real = g.op("GreaterOrEqual", members, zero_i, hint="real")
     safe = g.op("Where", real, members, zero_i, hint="safe_members")
@@ -94,14 +95,14 @@ def graph_and_arrays(
     inputs = [
         helper.make_tensor_value_info(users, TensorProto.INT64, ["batch"]),
         helper.make_tensor_value_info(playlists, TensorProto.INT64, ["batch"]),
-        helper.make_tensor_value_info(members, TensorProto.INT64, ["batch", "members"]),
+        helper.make_tensor_value_info(members_input, TensorProto.INT64, ["batch", "members"]),
         helper.make_tensor_value_info(k, TensorProto.INT64, []),
     ]
     if candidates is not None:
         if mdr is None or mass is None:
             raise ValueError("a two-stage graph needs both parts (MDR proposes, MASR re-ranks)")
         best, songs = _two_stage(
-            g, mdr, mass, alpha, members_in, real, n_users, V, unknown_user, fold_in
+            g, mdr, mass, alpha, members, members_in, real, n_users, V, unknown_user, fold_in
         )
         # the optional input: an initializer of the same name is its default (the export's N)
         (name,) = CANDIDATES
@@ -119,7 +120,7 @@ def graph_and_arrays(
             # eq. 20: o = α o_MDR + (1 - α) o_MASS (the weights are folded in above)
             distance = o_mass if distance is None else g.op("Add", distance, o_mass, hint="o")
 
-        distance = _exclude_members(g, distance, real, V)  # (B, V)
+        distance = _exclude_members(g, distance, members, real, V)  # (B, V)
         k_eff = g.op("Min", g.op("Reshape", k, g.ints(1)), g.ints(V))
         best, songs = g.op("TopK", distance, k_eff, axis=1, largest=0, sorted=1, n_out=2)
     out_songs, out_scores = OUTPUTS
@@ -147,10 +148,22 @@ def graph_and_arrays(
     return model, g.arrays
 
 
-def _exclude_members(g: Graph, distance: str, real: str, V: int) -> str:
+def _one_slot_at_least(g: Graph, members: str) -> str:
+    """The members input (B, L) with one padding column added when L is 0 (a batch of
+    playlists without a known song, as a consumer may build it): every later shape assumes a
+    slot, and (B, 0) made a Reshape fail or the two-stage scores NaN. (B, L) as it is else."""
+    width = g.op("Slice", g.op("Shape", members), g.ints(1), g.ints(2))  # [L]
+    short = g.op("Max", g.op("Sub", g.ints(1), width), g.ints(0))  # [max(0, 1 - L)]
+    pads = g.op("Concat", g.ints(0, 0, 0), short, axis=0)  # before B, L; after B, L
+    return g.op(
+        "Pad", members, pads, g.const("pad_slot", UNKNOWN, np.int64), mode="constant",
+        hint="member_slots",
+    )
+
+
+def _exclude_members(g: Graph, distance: str, members: str, real: str, V: int) -> str:
     """Members are never recommended: +inf distance (padding slots hit the padding column V,
     then dropped): (B, V + 1) -> (B, V)."""
-    _, _, members, _ = INPUTS
     slot_cols = g.op("Where", real, members, g.const("pad_col", V, np.int64))
     inf = g.op("Expand", g.const("inf", np.inf, np.float32), g.op("Shape", slot_cols))
     distance = g.op("ScatterElements", distance, slot_cols, inf, axis=1, hint="excluded")
@@ -162,6 +175,7 @@ def _two_stage(
     mdr: MDRWeights,
     mass: MASSWeights,
     alpha: float,
+    members: str,
     m: _Members,
     real: str,
     n_users: int,
@@ -173,10 +187,10 @@ def _two_stage(
     catalog, its N best non-members (N = the ``candidates`` input, at most V), then eq. 20 on
     those N and the top-K of them. The first stage is MDR unweighted, so that α = 0 still
     proposes by MDR."""
-    users, _, members, k = INPUTS
+    users, _, _, k = INPUTS
     (n_input,) = CANDIDATES
     cheap = _mdr_distance(g, mdr, 1.0, m, V + 1, unknown_user, fold_in)
-    cheap = _exclude_members(g, cheap, real, V)  # (B, V)
+    cheap = _exclude_members(g, cheap, members, real, V)  # (B, V)
     n_eff = g.op("Min", g.op("Reshape", n_input, g.ints(1)), g.ints(V))
     o_mdr, cand = g.op("TopK", cheap, n_eff, axis=1, largest=0, sorted=1, n_out=2)  # (B, N)
     o_mass = mass_on_candidates(g, mass, users, members, n_users, cand)
