@@ -255,8 +255,16 @@ def test_duplicates_shared_playlists_and_owner(tmp_path):
     rows += [("B", "P2", f"t{i}") for i in range(5)] + [("B", "P2", "t0")]
     path = tmp_path / "in.csv"
     pl.DataFrame(rows, schema=["user_id", "playlist_id", "track_id"], orient="row").write_csv(path)
-    m = prepare(path, tmp_path / "out", config=PrepConfig(negatives=3)).manifest
+    said: list[str] = []
+    m = prepare(path, tmp_path / "out", config=PrepConfig(negatives=3), log=said.append).manifest
     assert m["duplicates_dropped"] == 1 and m["playlists_with_several_users"] == 1
+    # said on stderr too (QA: every user's "Favorites" merged into one playlist in silence)
+    assert [s for s in said if "with several users" in s] == [
+        "warning: 1 of 2 playlist ids come with several users; a playlist is its id alone (its "
+        "rows stay together, owned by its main user). If ids repeat per user (every user's "
+        "'Favorites'), give each playlist a unique id first, e.g. user and playlist id joined, "
+        "as --playlist-col"
+    ]
     assert m["interactions"] == 8 + 5 and m["playlists"] == 2 and m["users"] == 2
     pls = pl.read_parquet(tmp_path / "out" / "playlists.parquet")
     users = pl.read_parquet(tmp_path / "out" / "users.parquet")

@@ -428,6 +428,13 @@ def _prepare(
 
     enc = encode(raw.frame, raw.song_extras)
     raw.frame, raw.song_extras = pl.DataFrame(), None  # free the strings
+    if enc.shared_playlists:
+        say(
+            f"warning: {enc.shared_playlists:,} of {len(enc.playlist_ids):,} playlist ids come "
+            "with several users; a playlist is its id alone (its rows stay together, owned by "
+            "its main user). If ids repeat per user (every user's 'Favorites'), give each "
+            "playlist a unique id first, e.g. user and playlist id joined, as --playlist-col"
+        )
     n_rows = len(enc.playlist)
 
     # 2. clean: dedupe, outliers, k-core fixpoint
