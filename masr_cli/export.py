@@ -118,7 +118,7 @@ def command(
 
       masr export --candidates 1000 --out exported/n1000.onnx      # two-stage
     """
-    from masr.export import ExportConfig, export_model
+    from masr.export import ExportConfig, check_outside_runs, export_model
     from masr.lock import lock_path, locked
 
     config = ExportConfig(
@@ -138,6 +138,7 @@ def command(
         raise MasrError(f"--out {out}: is a folder; give a file name (e.g. {folder}/masr.onnx)")
     path = Path(out)
     check_parents(path, "--out")  # before the lock beside it is made
+    check_outside_runs(path, runs)  # before the lock and the clean-up of temporary files
     with locked(lock_path(path), "masr export"):  # one writer per --out (OUT.lock)
         if remove_temp_entries(path.parent, [path.name], sidecars=True):  # a killed export's
             log_line(f"removed the temporary files of an earlier, killed export to {out}")

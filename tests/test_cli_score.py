@@ -575,11 +575,14 @@ def test_score_metadata_checks_need_no_onnx_and_come_before_the_input(
 
 
 def test_score_refuses_an_unreadable_input_before_writing_anything(
-    tmp_path: Path, model: Path
+    tmp_path: Path, model: Path, capsysbinary: pytest.CaptureFixture[bytes]
 ) -> None:
     """A gzip cut short past its first playlists, or a row without a playlist id after the
     first playlist: one error line and nothing on stdout (QA: 152,431 lines of a truncated
     file's first playlists, or the header, were written before the error)."""
+    from masr.errors import MasrError
+    from masr.score import ScoreConfig, score_file
+
     lines = ["user_id,playlist_id,track_id"]
     lines += [f"u{i % 12},p{i},s{(i + j) % 48}" for i in range(20_000) for j in range(3)]
     blob = gzip.compress(("\n".join(lines) + "\n").encode())
@@ -590,10 +593,13 @@ def test_score_refuses_an_unreadable_input_before_writing_anything(
     assert result.stdout == ""
     assert f"{cut}: unreadable or malformed file" in result.stderr
     empty = tmp_path / "empty_id.csv"
-    empty.write_text(ROWS + "u0,,s3\n")
-    result = runner.invoke(app, ["score", str(empty), "--model", str(model)])
-    assert result.exit_code == 1 and result.stdout == ""
-    assert f"{empty}: 1 row(s) have an empty playlist id" in result.stderr
+    empty.write_text("\n".join([*lines[:3000], "u0,,s3", *lines[3000:]]) + "\n")
+    # to stdout in chunks of 1,000 rows: the playlists before the bad spot would be written
+    for bad, why in ((cut, "unreadable or malformed file"),
+                     (empty, r"1 row\(s\) have an empty playlist id")):
+        with pytest.raises(MasrError, match=why):
+            score_file(bad, model, None, ScoreConfig(read_rows=1000))
+        assert capsysbinary.readouterr().out == b"", bad
 
 
 def test_score_counts_rows_without_a_track(tmp_path: Path, model: Path) -> None:
@@ -623,12 +629,16 @@ def test_export_out_inside_the_prepared_data_is_refused(tmp_path: Path, runs: Pa
 def test_export_out_inside_a_run_folder_is_refused(tmp_path: Path, runs: Path) -> None:
     """--out naming one of the checkpoints the export reads (QA: it replaced the trained run
     with the ONNX file) or any file of a run folder: one line, every file left as it was."""
+    # a training run's checkpoint being written: the clean-up of a killed export's temporary
+    # files beside --out must not take it (the check comes first)
+    (runs / "mdr" / ".best.pt.abcd1234.tmp").write_bytes(b"being written")
     before = {p: p.read_bytes() for p in runs.glob("*/*") if p.is_file()}
     for out in (runs / "mdr" / "best.pt", runs / "mass" / "model.onnx"):
         result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(out)])
         assert result.exit_code == 1, out
         assert f"inside the run folder {out.parent.resolve()}" in result.stderr
     assert {p: p.read_bytes() for p in runs.glob("*/*") if p.is_file()} == before
+    (runs / "mdr" / ".best.pt.abcd1234.tmp").unlink()
 
 
 def test_export_out_naming_a_folder_is_refused(tmp_path: Path, runs: Path) -> None:

@@ -507,6 +507,7 @@ def test_outputs_below_a_file_are_one_clear_line(tmp_path: Path) -> None:
         ["reproduce", "--data", str(data), "--out", str(below), "--threads", "1"],
         ["evaluate", "--data", str(data), "--runs", str(tmp_path / "runs"), "--json",
          str(below / "m.json")],
+        ["analyze", "speed", "--runs", str(tmp_path / "runs"), "--out", str(below)],
     ):
         _fails(args, f"{afile} is a file, not a directory")
     _fails(["train", "--model", "pop", "--data", str(data), "--runs", str(afile)],

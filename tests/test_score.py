@@ -494,10 +494,22 @@ def test_read_metadata_props_reads_what_onnx_reads_without_the_graph(
     path = tmp_path / "bare.onnx"
     path.write_bytes(bare.SerializeToString())
     assert read_metadata_props(path) == {"ünï": "{\"a\": [1, 2]}"}
+    # an entry with a field of another number (protobuf readers skip it, as onnx does), and a
+    # fixed-width top-level field: read past, not refused
+    entry = b"\x0a\x01k\x12\x01v\x18\x05"
+    extra = tmp_path / "extra.onnx"
+    extra.write_bytes(bare.SerializeToString() + b"\x72" + bytes([len(entry)]) + entry)
+    assert onnx.load_model(str(extra)).metadata_props[-1].value == "v"
+    assert read_metadata_props(extra) == {"ünï": "{\"a\": [1, 2]}", "k": "v"}
+    fixed = tmp_path / "fixed.onnx"
+    fixed.write_bytes(bare.SerializeToString() + b"\xf9\x07" + bytes(8))  # field 127, fixed64
+    assert read_metadata_props(fixed) == {"ünï": "{\"a\": [1, 2]}"}
+    short = tmp_path / "short.onnx"
+    short.write_bytes(bare.SerializeToString() + b"\xf9\x07" + bytes(3))  # cut inside it
     cut = tmp_path / "cut.onnx"
     cut.write_bytes(exported.read_bytes()[: exported.stat().st_size // 2])
     text = tmp_path / "text.onnx"
     text.write_text("hello, this is not a model\n" * 10)
-    for bad in (cut, text):
+    for bad in (cut, text, short):
         with pytest.raises(ValueError):
             read_metadata_props(bad)

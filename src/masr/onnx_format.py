@@ -89,20 +89,40 @@ def _varint(fh: BinaryIO) -> int:
             raise ValueError("a varint longer than 64 bits")
 
 
+def _skip(fh: BinaryIO, wire: int, size: int) -> bytes | None:
+    """Past one field's value of wire type ``wire`` in a message of ``size`` bytes: the bytes
+    of a length-delimited one, None for the others; ValueError when the value does not fit."""
+    if wire == 0:  # varint
+        _varint(fh)
+        return None
+    widths = {1: 8, 5: 4}  # fixed64, fixed32
+    if wire == 2:
+        length = _varint(fh)
+    elif wire in widths:
+        length = widths[wire]
+    else:
+        raise ValueError(f"wire type {wire}")
+    if fh.tell() + length > size:
+        raise ValueError("a field longer than the file")
+    if wire == 2:
+        return fh.read(length)
+    fh.seek(length, 1)
+    return None
+
+
 def _string_entry(blob: bytes) -> tuple[str, str]:
-    """A StringStringEntryProto's (key, value)."""
+    """A StringStringEntryProto's (key, value); fields of other numbers are skipped, as every
+    protobuf reader does."""
     import io
 
     fh, found = io.BytesIO(blob), {_ENTRY_KEY: "", _ENTRY_VALUE: ""}
     while fh.tell() < len(blob):
         tag = _varint(fh)
-        if tag & 7 != 2:
-            raise ValueError("a metadata entry that is not two strings")
-        size = _varint(fh)
-        text = fh.read(size)
-        if len(text) != size:
-            raise ValueError("the file ends inside a metadata entry")
-        found[tag >> 3] = text.decode("utf-8")
+        value = _skip(fh, tag & 7, len(blob))
+        if tag >> 3 in found:
+            if value is None:
+                raise ValueError("a metadata entry whose key or value is not a string")
+            found[tag >> 3] = value.decode("utf-8")
     return found[_ENTRY_KEY], found[_ENTRY_VALUE]
 
 
@@ -121,21 +141,14 @@ def read_metadata_props(path: str | Path) -> dict[str, str]:
             field, wire = tag >> 3, tag & 7
             if field == 0:
                 raise ValueError("field number 0")
-            if wire == 0:  # varint (ir_version, model_version)
-                _varint(fh)
-            elif wire == 1:  # 64-bit
-                fh.seek(8, 1)
-            elif wire == 5:  # 32-bit
-                fh.seek(4, 1)
-            elif wire == 2:  # length-delimited: a string, bytes or a sub-message
+            if field == _METADATA_PROPS_FIELD and wire == 2:
+                key, value = _string_entry(_skip(fh, wire, size) or b"")
+                props[key] = value
+            elif wire == 2:  # the graph and every other message: skipped by its length
                 length = _varint(fh)
                 if fh.tell() + length > size:
                     raise ValueError("a field longer than the file")
-                if field == _METADATA_PROPS_FIELD:
-                    key, value = _string_entry(fh.read(length))
-                    props[key] = value
-                else:
-                    fh.seek(length, 1)
-            else:
-                raise ValueError(f"wire type {wire}")
+                fh.seek(length, 1)
+            else:  # ir_version, model_version (varints) and any fixed-width field
+                _skip(fh, wire, size)
     return props

@@ -422,16 +422,16 @@ def _playlist_chunks(
 
 
 def _adjacent(lf: pl.LazyFrame, path: Path, read_rows: int) -> bool:
-    """Whether every playlist's rows are adjacent, within and across read chunks (one pass
-    over the playlist column, before anything is written: a file that cannot be read to its
-    end, or a row without a playlist id, is one error line here, not after the output of
-    the playlists before it)."""
+    """Whether every playlist's rows are adjacent, within and across read chunks: one pass
+    over the input's columns, streamed, before anything is written, so that a file that cannot
+    be read to its end, or a row without a playlist id, is one error line here, not after the
+    output of the playlists before it."""
     done = np.empty(0, dtype=np.uint64)
     last = None
     adjacent = True
     empty = 0
-    try:
-        for frame in lf.select("playlist").collect_batches(chunk_size=read_rows):
+    try:  # every column: a Parquet file damaged in another one fails here too
+        for frame in lf.collect_batches(chunk_size=read_rows):
             if frame.height == 0:
                 continue
             ids = frame["playlist"]
@@ -809,8 +809,8 @@ def _export_metadata(model: Path) -> dict[str, Any]:
     ``export_id``), else the model's own metadata entries (the same keys, each value JSON),
     read without loading the graph (``read_metadata_props``). One error line for an unreadable
     file, a file that is not an ONNX model, an ONNX model that is not a masr export, or a JSON
-    file of another export (read before the input, whose column names it may give); {} when
-    there is no model file (loading it says so)."""
+    file of another export (read before the input, whose column names it may give). With no
+    model file, the JSON file as it is, or {} (loading the model says what is missing)."""
     side = sidecar(model, "json")
     beside = _sidecar_json(side) if side.is_file() else None
     if not model.is_file():

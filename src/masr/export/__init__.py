@@ -42,7 +42,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,13 +93,19 @@ class ExportResult:
     files: list[Path] = field(default_factory=list)
 
 
-def _check_outside_runs(out: Path, runs_dir: Path, checkpoints: list[Path]) -> None:
+def check_outside_runs(
+    out: str | Path, runs_dir: str | Path, checkpoints: Sequence[Path] = ()
+) -> None:
     """Refuse an ``out`` inside a run folder: the exported checkpoints' own (``--out
     runs/mdr/best.pt`` would replace the checkpoint it reads) or any other run's in
-    ``runs_dir``, which ``masr train`` clears and rewrites."""
+    ``runs_dir`` (a folder with run.json or best.pt), whose files ``masr train`` writes. The CLI
+    calls it before it locks ``out`` or clears a killed export's temporary files beside it
+    (a training run's own temporary checkpoint, there)."""
+    out, runs_dir = Path(out), Path(runs_dir)
     target = out.resolve()
     folders = {c.parent.resolve() for c in checkpoints}
-    folders |= {p.parent.resolve() for p in runs_dir.glob("*/run.json")}
+    for marker in ("run.json", "best.pt"):
+        folders |= {p.parent.resolve() for p in runs_dir.glob(f"*/{marker}")}
     for folder in sorted(folders):
         if folder in target.parents:
             raise MasrError(
@@ -125,7 +131,7 @@ def export_model(
         raise MasrError(f"--out {out}: is a directory; give a file name (e.g. {out}/masr.onnx)")
     check_parents(out, "--out")
     kind, sources = resolve_sources(runs_dir, config.model)
-    _check_outside_runs(out, runs_dir, [s.path for s in sources])
+    check_outside_runs(out, runs_dir, [s.path for s in sources])
     say(f"exporting {kind} from {', '.join(str(s.path) for s in sources)}")
     from masr.runs.store import run_warnings
 
@@ -371,6 +377,7 @@ __all__ = [
     "MDRWeights",
     "Source",
     "build_graph",
+    "check_outside_runs",
     "graph_and_arrays",
     "export_model",
     "load_sources",
