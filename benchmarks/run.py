@@ -1,8 +1,10 @@
 """Run the benchmarks: `nox -s bench [-- NAME ...]` or `python benchmarks/run.py [NAME ...]`.
 
 Each `benchmarks/bench_<name>.py` is a standalone script: it measures, prints a readable
-summary on stderr and writes its figures as JSON to `bench-out/<name>.json`. Benchmarks are
-never tests: they are rerun on a quiet machine and their figures quoted with the machine.
+summary on stderr and writes its figures as JSON under `bench-out/` (benchmarks/README.md says
+which file). Scripts that measure something given to them (``NEEDS_ARGS``: a trained run's
+checkpoint) run only when named, with their arguments after ``--``. Benchmarks are never
+tests: they are rerun on a quiet machine and their figures quoted with the machine.
 Real data defaults to ../shared/data/aotm2011.csv.gz (override with MASR_BENCH_DATA).
 """
 
@@ -13,12 +15,19 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: benchmarks of something the caller gives, left out of a run without names (what to pass)
+NEEDS_ARGS = {"step": "a run's checkpoint and --data DIR"}
 
 
 def main(argv: list[str]) -> int:
     available = {p.stem.removeprefix("bench_"): p for p in sorted(HERE.glob("bench_*.py"))}
-    names = [a for a in argv if not a.startswith("-")] or list(available)
     extra = [a for a in argv if a.startswith("-")]
+    names = [a for a in argv if not a.startswith("-")]
+    if not names:
+        names = [n for n in available if n not in NEEDS_ARGS]
+        for name, what in NEEDS_ARGS.items():
+            print(f"(bench {name} needs {what}: `python benchmarks/bench_{name}.py --help`)",
+                  file=sys.stderr)
     unknown = sorted(set(names) - set(available))
     if unknown:
         print(

@@ -75,7 +75,9 @@ def dims(
     from masr.atomic import atomic_file
     from masr.dataset import load_prepared
     from masr.figures import maybe, plot_dims
+    from masr.seed import check_seed
 
+    check_seed(seed, "--seed")
     _check_out(out)  # before the evaluation, not after it
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, device.value))
@@ -151,6 +153,9 @@ def attention(
         raise MasrError("--cases must be >= 0 (0 = every case)")
     if bootstrap < 0 or bootstrap == 1:
         raise MasrError("--bootstrap must be 0 (no standard errors) or at least 2")
+    from masr.seed import check_seed
+
+    check_seed(seed, "--seed")
     _check_out(out)
     prepared = load_prepared(data)
     thread_line = cpu_threads_line(threads, "cpu")
@@ -202,7 +207,9 @@ def _mass_runs(paths: list[Path]) -> list[Path]:
 def _wrote(table: Path, png: Path | None) -> None:
     """The closing line: what was written, and why there is no PNG when there is none."""
     if png is None:
-        console.print("no PNG: matplotlib is not installed (pip install 'masr[plot]')")
+        console.print(
+            "no PNG: matplotlib is not installed (pip install 'masr[plot]')", markup=False
+        )
         console.print(f"wrote {table}")
     else:
         console.print(f"wrote {table} and {png}")

@@ -78,7 +78,7 @@ def command(
     against PMI attentive scores. Figure 7: seconds per training epoch. Every run gets the
     same --time-limit; a run that finished before with the same settings is reused, so an
     interrupted reproduce continues. Writes the runs, one JSON per table, the PNGs (with
-    matplotlib, the masr[plot] extra) and report.md under --out.
+    matplotlib, the masr\\[plot] extra) and report.md under --out.
 
     Examples:
 

@@ -36,9 +36,10 @@ def command(
     playlists: Annotated[
         int | None,
         typer.Option(
-            help="Million-Playlist-Dataset shape with about this many playlists (users draw "
-            "1 + Poisson playlists each, so the count varies a little): catalog 2.26 songs "
-            "per playlist (at least 200), lengths 5..250 with mean 66, power-law popularity.",
+            help="Million-Playlist-Dataset shape with this many playlists, one user each (with "
+            "--users: spread over them, 1 + Poisson per user, so about this many): catalog "
+            "2.26 songs per playlist (at least 200), lengths 5..250 with mean 66, power-law "
+            "popularity.",
             show_default=False,
         ),
     ] = None,

@@ -125,7 +125,10 @@ def command(
     ] = Path("data"),
     runs: Annotated[
         Path,
-        typer.Option(help="Runs directory: each run writes runs/<run>/best.pt, last.pt, run.json."),
+        typer.Option(
+            help="Runs directory: each run writes runs/<run>/best.pt and run.json (trained "
+            "runs also last.pt, for --resume)."
+        ),
     ] = Path("runs"),
     device: Annotated[
         Device, typer.Option(help="Training device; auto picks CUDA when present.")
@@ -148,7 +151,9 @@ def command(
     ] = None,
     dim: Annotated[
         int | None,
-        typer.Option(help="Embedding size d (default: the model's own, 64).", show_default=False),
+        typer.Option(
+            help="Embedding size d (default: the model's own: 64; als 128).", show_default=False
+        ),
     ] = None,
     batch_size: Annotated[int, typer.Option(help="Training rows per step.")] = _T.batch_size,
     lr: Annotated[float, typer.Option(help="Adam learning rate.")] = _T.lr,
@@ -342,7 +347,10 @@ def command(
             "docs/training.md), for mass also shared (one mask per row, candidate and "
             "dimension, shared by the members); mass: attention = mem-metric (the paper's), "
             "mem-dot, nonmem-metric, nonmem-dot or none (Table 4), song_init = random, svd or "
-            "svd-split (a start from the training matrix's SVD, docs/training.md)). "
+            "svd-split (a start from the training matrix's SVD, docs/training.md), "
+            "query_init = reference or default; cml, transrec: max_norm; caser: horizontal, "
+            "vertical, dropout; cmn: neighbours; prme: alpha; every learned baseline: "
+            "init_std). "
             "MODEL.NAME=VALUE sets one model's runs only (--set mdr.init_std=none). `--reg` "
             "also sets ease/als's L2 weight.",
             show_default=False,
@@ -357,7 +365,8 @@ def command(
             "validation through torch.compile (about 30% off a step, a third off a validation, "
             "after seconds of compiling; needs a C++ compiler, and trains on without it when "
             "compiling fails). Same computation up to float rounding. Not under a --time-limit "
-            "below 90 s, where the compiling would not pay for itself (said on stderr).",
+            "below 90 s, where the compiling would not pay for itself (said on stderr). "
+            "MASR_COMPILE=0 in the environment turns it off everywhere.",
         ),
     ] = True,
     resume: Annotated[
@@ -373,9 +382,10 @@ def command(
 ) -> None:
     """Train MDR, MASS, MASR or their adversarial versions, validating every epoch.
 
-    Each epoch is validated on the validation split (sampled protocol: hit@10, ndcg@10 as the
-    tie-break); the best epoch is kept as runs/<run>/best.pt, the last one with optimiser and
-    RNG state as last.pt. Runs a model needs are reused when they exist for the same prepared
+    Each epoch is validated on the validation split under both protocols; the best epoch (by
+    hit@10, ndcg@10 breaking ties) under the protocol --select names (full ranking under the
+    default recipe, sampled under --recipe paper) is kept as runs/<run>/best.pt, the last one
+    with optimiser and RNG state as last.pt. Runs a model needs are reused when they exist for the same prepared
     data and options, so `masr train --model amasr` twice retrains nothing but the fusion.
 
     Examples:

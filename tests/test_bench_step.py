@@ -35,3 +35,22 @@ def test_bench_step_times_a_trained_mass(planted_dir: Path, tmp_path: Path, apr:
     assert figures["model"] == "mass" and figures["apr"] is apr and figures["steps"] == 3
     assert figures["loss"] == "softmax" and figures["neg"] == 16 and figures["batch_size"] == 32
     assert figures["ms_per_step_wall"] > 0 and figures["ms_per_step_cpu"] > 0
+
+
+def test_bench_without_names_leaves_out_the_step_benchmark(monkeypatch, capsys) -> None:
+    """`nox -s bench` with no names runs every bench_*.py that needs nothing given (QA: the
+    step benchmark, which needs a checkpoint, exited 2 and failed the whole session); named,
+    it runs."""
+    import subprocess
+
+    from conftest import load_benchmark
+
+    runner = load_benchmark("run")
+    called: list[str] = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd: called.append(cmd[1]) or 0)
+    assert runner.main([]) == 0
+    ran = {name.rsplit("bench_", 1)[1].removesuffix(".py") for name in called}
+    assert "step" not in ran and {"prep", "train", "quickstart"} <= ran
+    assert "bench step needs a run's checkpoint" in capsys.readouterr().err
+    called.clear()
+    assert runner.main(["step", "--help"]) == 0 and called[0].endswith("bench_step.py")

@@ -395,6 +395,13 @@ def test_bad_seeds_fail_before_anything_is_written(tmp_path: Path) -> None:
     _ok(["train", "--model", "pop", *base, "--threads", "1"])
     _fails(["evaluate", *base, "--full-sample", "5", "--sample-seed", "-1", "--threads", "1"],
            "--sample-seed")
+    # analyze's own --seed (QA: attention gave a traceback, dims named --sample-seed)
+    out = tmp_path / "analysis"
+    for args in (["attention", "--cases", "10"], ["attention", "--cases", "0", "--bootstrap",
+                                                  "0"], ["dims"]):
+        _fails(["analyze", *args, "--data", str(data), "--runs", str(runs), "--seed", "-5",
+                "--out", str(out)], "--seed must be in [0, 2^63 - 1] (got -5)")
+    assert not out.exists()
 
 
 def test_the_next_step_hint_runs_as_printed(tmp_path: Path) -> None:
