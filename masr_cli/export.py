@@ -29,8 +29,9 @@ def command(
     model: Annotated[
         Kind | None,
         typer.Option(
-            help="What to export \\[default: amasr when runs/amdr and runs/amass (or runs/amasr) "
-            "exist, else masr]. amasr/masr fuse the MDR and MASS parts (eq. 20); the others export one part.",
+            help="What to export \\[default: amasr when runs/amdr and runs/amass (or "
+            "runs/amasr) exist, else masr]. amasr/masr fuse the MDR and MASS parts (eq. 20); "
+            "the others export one part.",
             show_default=False,
         ),
     ] = None,
