@@ -840,3 +840,56 @@ def test_one_setting_given_two_values_is_refused(tmp_path: Path) -> None:
            "--set dropout: given twice")
     assert not (tmp_path / "runs").exists()
     _ok([*base, "--model", "mdr", *TINY, "--set", "dim=8", "--set", "dim=8"])
+
+
+def test_resume_never_trains_past_what_its_options_allow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--resume with --epochs below the epochs trained, or a new --time-limit below the seconds
+    spent, is refused (QA: the run kept its epochs and was recorded as made with the lower
+    value, then reused as such); a run whose --time-limit is spent trains nothing more (QA:
+    every --resume added a one-step epoch); a Ctrl-C right after an epoch's last.pt counts that
+    epoch (QA: run.json and the message said one fewer than last.pt held)."""
+    import masr.train
+    from conftest import write_planted
+
+    from masr.checkpoint import load_checkpoint
+    from masr.config import TrainConfig
+    from masr.dataset import load_prepared
+    from masr.models.mdr import MDR, MDRConfig
+    from masr.train import train_model
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *TINY]
+    _ok(base)  # 2 epochs
+    before = (runs / "mdr" / "run.json").read_bytes()
+    _fails([*base, "--epochs", "1", "--resume"],
+           "--epochs 1 is below the 2 epoch(s)", "has trained")
+    _fails([*base, "--time-limit", "0.001", "--resume"], "--time-limit 0.001 is below the")
+    assert (runs / "mdr" / "run.json").read_bytes() == before
+
+    # a last.pt whose 0.5 s limit is spent: resumed with it, no epoch is added
+    state = load_checkpoint(runs / "mdr" / "last.pt")
+    state["train_config"]["time_limit"], state["seconds"] = 0.5, 0.6
+    prepared = load_prepared(data)
+    model = MDR(MDRConfig(dim=8), prepared.n_users, prepared.n_playlists, prepared.n_songs)
+    model.load_state_dict(state["state_dict"])
+    config = TrainConfig(**{**state["train_config"], "epochs": 9})
+    result = train_model(model, prepared, config, resume=state)
+    assert len(result.history) == 2 and result.extra["stopped_by_time_limit"]
+
+    # Ctrl-C right after epoch 2's last.pt is written
+    real = masr.train.save_checkpoint
+
+    def save_then_stop(path, *args, **kwargs):  # noqa: ANN001, ANN202
+        real(path, *args, **kwargs)
+        if Path(path).name == "last.pt" and kwargs.get("epoch") == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(masr.train, "save_checkpoint", save_then_stop)
+    result = runner.invoke(app, [*base, "--epochs", "3"])
+    assert result.exit_code == 130
+    assert "mdr: interrupted after 2 epoch(s)" in result.stderr
+    info = json.loads((runs / "mdr" / "run.json").read_text())
+    assert info["status"] == "interrupted" and len(info["history"]) == 2

@@ -556,7 +556,9 @@ def train_model(
     before training (``estimate_validation``; later epochs keep as long as the last validation
     took), and when that validation would take more than ``VALID_SHARE`` of the limit, the
     full-ranking validation ranks fewer cases (``fit_validation``; ``log`` says so, and
-    ``TrainResult.extra["valid_sample"]`` and the checkpoints' train config say how many)."""
+    ``TrainResult.extra["valid_sample"]`` and the checkpoints' train config say how many).
+    A resumed run whose time is already spent (its last validation would not fit under the
+    limit again: it stopped there) trains no further epoch."""
     if not model.trainable:
         raise MasrError(f"--model {model.name}: not trained by gradient descent (it has fit())")
     device = torch.device(device)
@@ -633,6 +635,11 @@ def train_model(
     scales: dict[str, Tensor] = {}
     stopped_early = config.patience > 0 and bad_epochs >= config.patience
     out_of_time = False
+    if resume is not None and config.time_limit and history:
+        # stopped by its --time-limit before (or resumed with a limit it has spent): nothing
+        # more fits, not even one step (QA: each --resume trained and validated one more)
+        if elapsed + float(history[-1].get("valid_seconds", 0.0)) >= config.time_limit:
+            stopped_early = out_of_time = True
     # one process checks --time-limit at every step; ranks under torchrun only at epoch ends
     # (they must all run the same steps)
     limit, cut_in_epoch = config.time_limit, bool(config.time_limit) and not ranks.distributed

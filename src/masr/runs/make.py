@@ -273,6 +273,7 @@ def _build(
         log(f"{run}: nothing to resume in {run_dir} (no last.pt); training it from the start")
     if can_resume:
         resume_state = load_checkpoint(run_dir / "last.pt")
+        _check_resumable(run, run_dir, resume_state, train_cfg, spec.procedure == "apr")
         model = build_model(resume_state, device)
         log(f"{run}: resuming {run_dir} after epoch {resume_state['epoch']}")
     elif spec.procedure == "apr":
@@ -347,6 +348,9 @@ def _build(
     except BaseException as exc:  # Ctrl-C, SIGTERM, an error: the run says it did not finish
         if world().is_main:
             stopped = isinstance(exc, KeyboardInterrupt)
+            held = _held_history(run_dir / "last.pt") if stopped else None
+            if held is not None and len(held) > len(info["history"]):
+                info["history"] = held  # stopped between last.pt and run.json: what resumes
             info["status"] = "interrupted" if stopped else "failed"
             info["stopped"] = now()
             try:  # best effort: on a full disk this write fails too, and must not hide why
@@ -401,6 +405,44 @@ def stop_reason(result: Any, config: Any) -> str:
             f"validation in the last {config.patience} (--patience); {best}"
         )
     return f"trained its {epochs} epoch(s); {best}"
+
+
+def _held_history(last: Path) -> list[dict[str, Any]] | None:
+    """The epochs a run's ``last.pt`` holds (what --resume continues), None without a readable
+    one; read on an interruption only."""
+    if not last.is_file():
+        return None
+    from masr.checkpoint import load_checkpoint
+
+    try:
+        return list(load_checkpoint(last).get("history", []))
+    except Exception:  # noqa: BLE001 - a damaged file: the run.json's count stands
+        return None
+
+
+def _check_resumable(
+    run: str, run_dir: Path, state: dict[str, Any], config: Any, apr: bool
+) -> None:
+    """Refuse a --resume whose --epochs (--adv-epochs) is below the epochs ``last.pt`` holds,
+    or whose new --time-limit is below the seconds already spent: the run would keep what it
+    trained beyond them and be recorded as made with the lower value, so a later command
+    reusing it would get a run its options do not make (QA). Raising either continues."""
+    trained = int(state.get("epoch", 0))
+    option = "--adv-epochs" if apr else "--epochs"
+    if trained > config.epochs:
+        raise MasrError(
+            f"{run}: {option} {config.epochs} is below the {trained} epoch(s) {run_dir} has "
+            f"trained; --resume continues with {option} {trained} or more (drop --resume to "
+            "train it again)"
+        )
+    spent = float(state.get("seconds", 0.0))
+    before = float((state.get("train_config") or {}).get("time_limit") or 0.0)
+    if config.time_limit and config.time_limit != before and spent > config.time_limit:
+        raise MasrError(
+            f"{run}: --time-limit {config.time_limit:g} is below the {spent:.1f} s {run_dir} "
+            "has trained; --resume continues with a longer limit or none (drop --resume to "
+            "train it again)"
+        )
 
 
 def _start_epochs(runs_dir: Path, spec: Any) -> dict[str, Any] | None:
