@@ -349,8 +349,8 @@ def command(
             "mem-dot, nonmem-metric, nonmem-dot or none (Table 4), song_init = random, svd or "
             "svd-split (a start from the training matrix's SVD, docs/training.md), "
             "query_init = reference or default; cml, transrec: max_norm; caser: horizontal, "
-            "vertical, dropout; cmn: neighbours; prme: alpha; every learned baseline: "
-            "init_std). "
+            "vertical, dropout; cmn: neighbours; prme: alpha; mfbpr, fism, neumf, cmn, prme, "
+            "transrec, caser, als: init_std). "
             "MODEL.NAME=VALUE sets one model's runs only (--set mdr.init_std=none). `--reg` "
             "also sets ease/als's L2 weight.",
             show_default=False,
@@ -383,8 +383,9 @@ def command(
     """Train MDR, MASS, MASR or their adversarial versions, validating every epoch.
 
     Each epoch is validated on the validation split under both protocols; the best epoch (by
-    hit@10, ndcg@10 breaking ties) under the protocol --select names (full ranking under the
-    default recipe, sampled under --recipe paper) is kept as runs/<run>/best.pt, the last one
+    hit@10, ndcg@10 breaking ties) under the protocol --select names (full ranking under
+    masr's default recipe for its own models; sampled for the baselines and under --recipe
+    paper) is kept as runs/<run>/best.pt, the last one
     with optimiser and RNG state as last.pt. Runs a model needs are reused when they exist for
     the same prepared data and options, so `masr train --model amasr` twice retrains nothing
     but the fusion.

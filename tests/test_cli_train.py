@@ -853,6 +853,8 @@ def test_resume_never_trains_past_what_its_options_allow(
     import masr.train
     from conftest import write_planted
 
+    from dataclasses import replace
+
     from masr.checkpoint import load_checkpoint
     from masr.config import TrainConfig
     from masr.dataset import load_prepared
@@ -865,8 +867,9 @@ def test_resume_never_trains_past_what_its_options_allow(
     _ok(base)  # 2 epochs
     before = (runs / "mdr" / "run.json").read_bytes()
     _fails([*base, "--epochs", "1", "--resume"],
-           "--epochs 1 is below the 2 epoch(s)", "has trained")
-    _fails([*base, "--time-limit", "0.001", "--resume"], "--time-limit 0.001 is below the")
+           "--epochs 1 (given, or saved with the run --resume continues) is below the 2 "
+           "epoch(s)", "has trained")
+    _fails([*base, "--time-limit", "0.001", "--resume"], "--time-limit 0.001 (given")
     assert (runs / "mdr" / "run.json").read_bytes() == before
 
     # a last.pt whose 0.5 s limit is spent: resumed with it, no epoch is added
@@ -878,6 +881,25 @@ def test_resume_never_trains_past_what_its_options_allow(
     config = TrainConfig(**{**state["train_config"], "epochs": 9})
     result = train_model(model, prepared, config, resume=state)
     assert len(result.history) == 2 and result.extra["stopped_by_time_limit"]
+    # its last epoch cut by the limit (a slow validation before it): spent the same way
+    cut = {**state, "seconds": 0.1, "history": [*state["history"][:-1],
+                                                {**state["history"][-1], "steps": "3/9"}]}
+    result = train_model(model, prepared, config, resume=cut)
+    assert len(result.history) == 2 and result.extra["stopped_by_time_limit"]
+    # every epoch trained: a resume is no stop by the time limit
+    done = TrainConfig(**{**state["train_config"], "epochs": 2})
+    assert not train_model(model, prepared, done, resume=state).extra["stopped_by_time_limit"]
+    # a limit raised, even one the run had overrun (torchrun checks at epoch ends): not
+    # refused, and it trains on; a lowered one below the seconds spent is refused
+    from masr.errors import MasrError
+    from masr.runs.make import _check_resumable
+
+    over = {**state, "seconds": 9.8, "train_config": {**state["train_config"], "time_limit": 8}}
+    _check_resumable("mdr", runs / "mdr", over, replace(config, time_limit=9.0), False)
+    with pytest.raises(MasrError, match="--time-limit 7 .* is below the 9.8 s"):
+        _check_resumable("mdr", runs / "mdr", over, replace(config, time_limit=7.0), False)
+    with pytest.raises(MasrError, match="--adv-epochs 1 .* is below the 2 epoch"):
+        _check_resumable("amdr", runs / "amdr", state, replace(config, epochs=1), True)
 
     # Ctrl-C right after epoch 2's last.pt is written
     real = masr.train.save_checkpoint

@@ -635,10 +635,14 @@ def train_model(
     scales: dict[str, Tensor] = {}
     stopped_early = config.patience > 0 and bad_epochs >= config.patience
     out_of_time = False
-    if resume is not None and config.time_limit and history:
+    if resume is not None and config.time_limit and history and first_epoch <= config.epochs:
         # stopped by its --time-limit before (or resumed with a limit it has spent): nothing
-        # more fits, not even one step (QA: each --resume trained and validated one more)
-        if elapsed + float(history[-1].get("valid_seconds", 0.0)) >= config.time_limit:
+        # more fits, not even one step (QA: each --resume trained and validated one more).
+        # As a fresh run stops: no room for an epoch beside its validation, or its last epoch
+        # cut by the limit (which a raised limit lets go on)
+        before = float((resume.get("train_config") or {}).get("time_limit") or 0.0)
+        cut = "steps" in history[-1] and 0 < config.time_limit <= before
+        if cut or elapsed + float(history[-1].get("valid_seconds", 0.0)) >= config.time_limit:
             stopped_early = out_of_time = True
     # one process checks --time-limit at every step; ranks under torchrun only at epoch ends
     # (they must all run the same steps)

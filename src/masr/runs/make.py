@@ -412,11 +412,12 @@ def _held_history(last: Path) -> list[dict[str, Any]] | None:
     one; read on an interruption only."""
     if not last.is_file():
         return None
-    from masr.checkpoint import load_checkpoint
+    import torch
 
-    try:
-        return list(load_checkpoint(last).get("history", []))
-    except Exception:  # noqa: BLE001 - a damaged file: the run.json's count stands
+    try:  # mapped, not read: the weights of a large model stay on disk (SIGTERM's grace time)
+        state = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
+        return list(state.get("history", []))
+    except BaseException:  # noqa: BLE001 - damaged, or a second Ctrl-C: run.json's count stands
         return None
 
 
@@ -431,17 +432,18 @@ def _check_resumable(
     option = "--adv-epochs" if apr else "--epochs"
     if trained > config.epochs:
         raise MasrError(
-            f"{run}: {option} {config.epochs} is below the {trained} epoch(s) {run_dir} has "
-            f"trained; --resume continues with {option} {trained} or more (drop --resume to "
-            "train it again)"
+            f"{run}: {option} {config.epochs} (given, or saved with the run --resume continues) "
+            f"is below the {trained} epoch(s) {run_dir} has trained; --resume continues with "
+            f"{option} {trained} or more (drop --resume to train it again)"
         )
     spent = float(state.get("seconds", 0.0))
     before = float((state.get("train_config") or {}).get("time_limit") or 0.0)
-    if config.time_limit and config.time_limit != before and spent > config.time_limit:
+    lowered = before == 0 or config.time_limit < before  # a raised limit just trains on
+    if config.time_limit and lowered and spent > config.time_limit:
         raise MasrError(
-            f"{run}: --time-limit {config.time_limit:g} is below the {spent:.1f} s {run_dir} "
-            "has trained; --resume continues with a longer limit or none (drop --resume to "
-            "train it again)"
+            f"{run}: --time-limit {config.time_limit:g} (given, or saved with the run --resume "
+            f"continues) is below the {spent:.1f} s {run_dir} has trained; --resume continues "
+            "with a longer limit or none (drop --resume to train it again)"
         )
 
 
