@@ -850,11 +850,11 @@ def test_resume_never_trains_past_what_its_options_allow(
     value, then reused as such); a run whose --time-limit is spent trains nothing more (QA:
     every --resume added a one-step epoch); a Ctrl-C right after an epoch's last.pt counts that
     epoch (QA: run.json and the message said one fewer than last.pt held)."""
-    import masr.train
-    from conftest import write_planted
-
     from dataclasses import replace
 
+    from conftest import write_planted
+
+    import masr.train
     from masr.checkpoint import load_checkpoint
     from masr.config import TrainConfig
     from masr.dataset import load_prepared
