@@ -3,8 +3,10 @@
 Each `benchmarks/bench_<name>.py` is a standalone script: it measures, prints a readable
 summary on stderr and writes its figures as JSON under `bench-out/` (benchmarks/README.md says
 which file). Scripts that measure something given to them (``NEEDS_ARGS``: a trained run's
-checkpoint) run only when named, with their arguments after ``--``. Benchmarks are never
-tests: they are rerun on a quiet machine and their figures quoted with the machine.
+checkpoint) are left out of a run without names; named, they get only the options that start
+with ``-`` (``--help``): run them directly with their arguments (``python
+benchmarks/bench_step.py CHECKPOINT --data DIR``). Benchmarks are never tests: they are rerun
+on a quiet machine and their figures quoted with the machine.
 Real data defaults to ../shared/data/aotm2011.csv.gz (override with MASR_BENCH_DATA).
 """
 

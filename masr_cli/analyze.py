@@ -148,13 +148,12 @@ def attention(
     from masr.dataset import load_prepared
     from masr.errors import MasrError
     from masr.figures import maybe, plot_attention
+    from masr.seed import check_seed
 
     if cases < 0:
         raise MasrError("--cases must be >= 0 (0 = every case)")
     if bootstrap < 0 or bootstrap == 1:
         raise MasrError("--bootstrap must be 0 (no standard errors) or at least 2")
-    from masr.seed import check_seed
-
     check_seed(seed, "--seed")
     _check_out(out)
     prepared = load_prepared(data)

@@ -153,9 +153,10 @@ def command(
         check_output_file(target, "--json")
         if plot is not None and target.resolve() == plot.resolve():
             raise MasrError(f"--json {json_out}: the same file as --plot; give two names")
-    for option, target in (("--json", json_out), ("--plot", plot)):
-        if target not in (None, "-"):  # masr prep replaces that folder (QA: --json over
-            check_not_inside(target, data, option)  # its manifest.json)
+    # masr prep replaces the data folder (QA: --json written over its manifest.json)
+    for option, path in (("--json", json_out), ("--plot", plot)):
+        if path not in (None, "-"):
+            check_not_inside(path, data, option)
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, device.value))
     names = model or ["all"]

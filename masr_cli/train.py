@@ -385,10 +385,9 @@ def command(
     Each epoch is validated on the validation split under both protocols; the best epoch (by
     hit@10, ndcg@10 breaking ties) under the protocol --select names (full ranking under
     masr's default recipe for its own models; sampled for the baselines and under --recipe
-    paper) is kept as runs/<run>/best.pt, the last one
-    with optimiser and RNG state as last.pt. Runs a model needs are reused when they exist for
-    the same prepared data and options, so `masr train --model amasr` twice retrains nothing
-    but the fusion.
+    paper) is kept as runs/<run>/best.pt, the last one with optimiser and RNG state as last.pt.
+    Runs a model needs are reused when they exist for the same prepared data and options, so
+    `masr train --model amasr` twice retrains nothing but the fusion.
 
     Examples:
 

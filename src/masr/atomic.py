@@ -147,7 +147,8 @@ def check_replaceable_dir(
     that exists and is not a folder (a file, the input itself), a folder that is neither empty
     nor an earlier output of this kind (no ``marker`` file in it: another program's files, a
     runs folder; not checked for ``marker`` None, where the caller knows its own outputs), the
-    current folder or one above it, or a folder holding one of ``inputs``."""
+    current folder or one above it, a folder holding one of ``inputs``, or a path below a file
+    (``check_parents``)."""
     check_parents(path, option)
     target = Path(path).resolve()
     for item in inputs:
@@ -247,8 +248,8 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
 def check_not_inside(
     path: str | os.PathLike[str], data: str | os.PathLike[str], option: str
 ) -> None:
-    """Refuse an output folder inside the prepared data folder ``data``, which ``masr prep``
-    replaces whole (the runs or reports in it would go with it)."""
+    """Refuse an output path (a folder or a file) inside the prepared data folder ``data``,
+    which ``masr prep`` replaces whole (the runs, reports or files in it would go with it)."""
     target, prepared = Path(path).resolve(), Path(data).resolve()
     if target == prepared or prepared in target.parents:
         raise MasrError(

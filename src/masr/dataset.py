@@ -129,7 +129,7 @@ def _cases(df: pl.DataFrame, playlist_user: np.ndarray) -> Cases:
     return Cases(playlist=playlist, user=playlist_user[playlist], song=song, negatives=negatives)
 
 
-#: what every reader of a ``masr prep`` manifest takes from it: the counts and the fingerprint
+#: the counts every reader of a ``masr prep`` manifest takes (the fingerprint is checked apart)
 _MANIFEST_COUNTS = ("users", "playlists", "catalog_songs")
 
 

@@ -3,12 +3,14 @@
 
 One home for what both sides must agree on: the graph's inputs and outputs, the index that means
 "not in the model", the metadata's format tag, and the names of the files written next to the
-``.onnx``. Standard library only: scoring must not import torch, and nothing here needs onnx.
+``.onnx``; and ``read_metadata_props``, which reads a model's metadata entries. Standard library
+only: scoring must not import torch, and nothing here needs onnx.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 from pathlib import Path
 from typing import BinaryIO
 
@@ -69,7 +71,8 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-#: ModelProto's field numbers (onnx.proto) that ``read_metadata_props`` reads
+#: ModelProto.metadata_props' field number, and a StringStringEntryProto's key and value
+#: (onnx.proto), which ``read_metadata_props`` reads
 _METADATA_PROPS_FIELD = 14
 _ENTRY_KEY, _ENTRY_VALUE = 1, 2
 
@@ -89,12 +92,21 @@ def _varint(fh: BinaryIO) -> int:
             raise ValueError("a varint longer than 64 bits")
 
 
-def _skip(fh: BinaryIO, wire: int, size: int) -> bytes | None:
-    """Past one field's value of wire type ``wire`` in a message of ``size`` bytes: the bytes
-    of a length-delimited one, None for the others; ValueError when the value does not fit."""
+def _length_delimited(fh: BinaryIO, size: int) -> bytes:
+    """The bytes of one length-delimited value (a string, bytes or a message) of a message of
+    ``size`` bytes; ValueError when they do not fit in it."""
+    length = _varint(fh)
+    if fh.tell() + length > size:
+        raise ValueError("a field longer than the file")
+    return fh.read(length)
+
+
+def _skip(fh: BinaryIO, wire: int, size: int) -> None:
+    """Past one field's value of wire type ``wire`` in a message of ``size`` bytes, without
+    reading it (a graph of gigabytes is sought past); ValueError when it does not fit."""
     if wire == 0:  # varint
         _varint(fh)
-        return None
+        return
     widths = {1: 8, 5: 4}  # fixed64, fixed32
     if wire == 2:
         length = _varint(fh)
@@ -104,25 +116,21 @@ def _skip(fh: BinaryIO, wire: int, size: int) -> bytes | None:
         raise ValueError(f"wire type {wire}")
     if fh.tell() + length > size:
         raise ValueError("a field longer than the file")
-    if wire == 2:
-        return fh.read(length)
     fh.seek(length, 1)
-    return None
 
 
 def _string_entry(blob: bytes) -> tuple[str, str]:
     """A StringStringEntryProto's (key, value); fields of other numbers are skipped, as every
     protobuf reader does."""
-    import io
-
     fh, found = io.BytesIO(blob), {_ENTRY_KEY: "", _ENTRY_VALUE: ""}
     while fh.tell() < len(blob):
         tag = _varint(fh)
-        value = _skip(fh, tag & 7, len(blob))
-        if tag >> 3 in found:
-            if value is None:
-                raise ValueError("a metadata entry whose key or value is not a string")
-            found[tag >> 3] = value.decode("utf-8")
+        if tag >> 3 not in found:
+            _skip(fh, tag & 7, len(blob))
+        elif tag & 7 != 2:
+            raise ValueError("a metadata entry whose key or value is not a string")
+        else:
+            found[tag >> 3] = _length_delimited(fh, len(blob)).decode("utf-8")
     return found[_ENTRY_KEY], found[_ENTRY_VALUE]
 
 
@@ -142,13 +150,8 @@ def read_metadata_props(path: str | Path) -> dict[str, str]:
             if field == 0:
                 raise ValueError("field number 0")
             if field == _METADATA_PROPS_FIELD and wire == 2:
-                key, value = _string_entry(_skip(fh, wire, size) or b"")
+                key, value = _string_entry(_length_delimited(fh, size))
                 props[key] = value
-            elif wire == 2:  # the graph and every other message: skipped by its length
-                length = _varint(fh)
-                if fh.tell() + length > size:
-                    raise ValueError("a field longer than the file")
-                fh.seek(length, 1)
-            else:  # ir_version, model_version (varints) and any fixed-width field
+            else:  # the graph and every other field, by its length or width
                 _skip(fh, wire, size)
     return props

@@ -308,6 +308,10 @@ class Engine:
 class ExportedModel(Engine):
     """An exported model ready to score: the engine plus its metadata and id maps."""
 
+    #: False when the model file could not be checked against its recorded SHA-256 (no
+    #: metadata JSON file beside it, or one from before 2026-11-29 without it)
+    verified: bool = False
+
     def _loaded(self) -> None:
         """Check the metadata, then read the id maps it lists."""
         self._check_metadata()
@@ -337,12 +341,12 @@ class ExportedModel(Engine):
         self.max_cells = MAX_GRID_FLOATS // max(1, span)
 
     def _check_metadata(self) -> None:
-        """A masr export, whose metadata JSON file (if present) is this export's."""
+        """A masr export, whose metadata JSON file (if present) is this export's and whose
+        file has the SHA-256 recorded there (sets ``verified``)."""
         meta = self.metadata
         if meta.get("format") != FORMAT:
             raise MasrError(f"--model {self.path}: not a masr export (no masr metadata)")
         side = sidecar(self.path, "json")
-        #: False when the model's SHA-256 could not be checked (no JSON file, or an old one)
         self.verified = False
         if side.is_file():
             beside = _sidecar_json(side)
@@ -411,8 +415,10 @@ def _playlist_chunks(
     waits for the next one), streamed when each playlist's rows are adjacent (or the input is
     one read chunk). Otherwise (a database export in no particular order) the input is read
     whole and regrouped in memory, playlists in the order of their first row, which
-    ``summary.regrouped`` records. ``lf``: the input ``path`` as ``check_paths`` scanned it."""
-    if _adjacent(lf, path, read_rows):
+    ``summary.regrouped`` records. ``lf``: the input ``path`` as ``check_paths`` scanned it.
+    A first pass over the whole input (``_first_pass``) refuses it, before any chunk, when it
+    cannot be read to its end or a row has no playlist id."""
+    if _first_pass(lf, path, read_rows):
         batches: Iterable[pl.DataFrame] = lf.collect_batches(chunk_size=read_rows)
     else:
         if summary is not None:
@@ -421,21 +427,21 @@ def _playlist_chunks(
     return _complete_playlists(batches, path)
 
 
-def _adjacent(lf: pl.LazyFrame, path: Path, read_rows: int) -> bool:
-    """Whether every playlist's rows are adjacent, within and across read chunks: one pass
-    over the input's columns, streamed, before anything is written, so that a file that cannot
-    be read to its end, or a row without a playlist id, is one error line here, not after the
-    output of the playlists before it."""
+def _first_pass(lf: pl.LazyFrame, path: Path, read_rows: int) -> bool:
+    """Whether every playlist's rows are adjacent, within and across read chunks; raises
+    (MasrError) for an input that cannot be read to its end or a row without a playlist id.
+    One pass over the id columns (user, playlist, track), streamed, before anything is
+    written: those are one error line here, not after the output of the playlists before."""
     done = np.empty(0, dtype=np.uint64)
     last = None
     adjacent = True
-    empty = 0
-    try:  # every column: a Parquet file damaged in another one fails here too
+    null_ids = 0
+    try:  # every id column: a Parquet file damaged in the track column fails here too
         for frame in lf.collect_batches(chunk_size=read_rows):
             if frame.height == 0:
                 continue
             ids = frame["playlist"]
-            empty += ids.null_count()
+            null_ids += ids.null_count()
             if not adjacent:
                 continue  # read on: the rest of the file must be readable too
             first, tail = ids[0], ids[-1]
@@ -453,8 +459,8 @@ def _adjacent(lf: pl.LazyFrame, path: Path, read_rows: int) -> bool:
             last = tail
     except Exception as exc:  # polars raises several error types for malformed files
         raise unreadable(path, exc, "unreadable or malformed file") from None
-    if empty:
-        raise MasrError(f"{path}: {empty} row(s) have an empty playlist id")
+    if null_ids:
+        raise MasrError(f"{path}: {null_ids} row(s) have an empty playlist id")
     return adjacent
 
 
@@ -474,7 +480,8 @@ def _regrouped(lf: pl.LazyFrame, path: Path, read_rows: int) -> Iterator[pl.Data
 
 def _complete_playlists(batches: Iterable[pl.DataFrame], path: Path) -> Iterator[pl.DataFrame]:
     """``_playlist_chunks``' frames cut at playlist boundaries. A playlist met again after it
-    was scored is an error (not expected after ``_adjacent``: a file changed while read)."""
+    was scored, or a row without a playlist id, is an error (not expected after
+    ``_first_pass``: a file changed while read)."""
     carry: pl.DataFrame | None = None
     done = np.empty(0, dtype=np.uint64)  # hashes of the playlists already scored
     any_rows = False
@@ -781,9 +788,10 @@ def input_columns(
     """The id columns to read a playlists file with: each name in ``given`` (``--user-col``
     ...) when not None, else the one of the data the model was trained on (``masr prep``'s
     columns, which ``masr export`` records in its metadata), else the default name
-    (``user_id``, ``playlist_id``, ``track_id``). The metadata is read from the JSON file next
-    to the model, or from the model itself when that file is missing; an unreadable file or
-    model is one error line here, before the input is read with the wrong names."""
+    (``user_id``, ``playlist_id``, ``track_id``). The metadata is ``_export_metadata``'s (the
+    JSON file next to the model when it is this export's, else the model's own entries); an
+    unreadable file or model, or another export's JSON file, is one error line here, before
+    the input is read with the wrong names."""
     given = {k: v for k, v in (given or {}).items() if v is not None}
     recorded: dict[str, str] = {}
     if len(given) < 3:

@@ -527,6 +527,24 @@ def _load_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def saved_time_limit(state: dict[str, Any]) -> float:
+    """The --time-limit a checkpoint's run was made with (0: none)."""
+    return float((state.get("train_config") or {}).get("time_limit") or 0.0)
+
+
+def spent_time_limit(state: dict[str, Any], config: TrainConfig) -> bool:
+    """Whether the run a ``last.pt`` ``state`` holds has spent ``config.time_limit``, as a run
+    that goes on decides to stop: no room for an epoch beside its last validation (the end
+    of an epoch in ``train_model``), or its last epoch cut by a limit not raised since."""
+    history = state.get("history") or []
+    if not config.time_limit or not history:
+        return False
+    last = history[-1]
+    cut = "steps" in last and config.time_limit <= saved_time_limit(state)
+    no_room = float(state.get("seconds", 0.0)) + float(last.get("valid_seconds", 0.0))
+    return cut or no_room >= config.time_limit
+
+
 def train_model(
     model: Recommender,
     data: PreparedData,
@@ -557,8 +575,9 @@ def train_model(
     took), and when that validation would take more than ``VALID_SHARE`` of the limit, the
     full-ranking validation ranks fewer cases (``fit_validation``; ``log`` says so, and
     ``TrainResult.extra["valid_sample"]`` and the checkpoints' train config say how many).
-    A resumed run whose time is already spent (its last validation would not fit under the
-    limit again: it stopped there) trains no further epoch."""
+    A resumed run whose time is already spent trains no further epoch: no room for an epoch
+    beside its last validation, or its last epoch cut by a limit not raised since
+    (``spent_time_limit``)."""
     if not model.trainable:
         raise MasrError(f"--model {model.name}: not trained by gradient descent (it has fit())")
     device = torch.device(device)
@@ -635,15 +654,9 @@ def train_model(
     scales: dict[str, Tensor] = {}
     stopped_early = config.patience > 0 and bad_epochs >= config.patience
     out_of_time = False
-    if resume is not None and config.time_limit and history and first_epoch <= config.epochs:
-        # stopped by its --time-limit before (or resumed with a limit it has spent): nothing
-        # more fits, not even one step (QA: each --resume trained and validated one more).
-        # As a fresh run stops: no room for an epoch beside its validation, or its last epoch
-        # cut by the limit (which a raised limit lets go on)
-        before = float((resume.get("train_config") or {}).get("time_limit") or 0.0)
-        cut = "steps" in history[-1] and 0 < config.time_limit <= before
-        if cut or elapsed + float(history[-1].get("valid_seconds", 0.0)) >= config.time_limit:
-            stopped_early = out_of_time = True
+    if resume is not None and first_epoch <= config.epochs and spent_time_limit(resume, config):
+        # nothing more fits, not even one step (QA: each --resume trained one more)
+        stopped_early = out_of_time = True
     # one process checks --time-limit at every step; ranks under torchrun only at epoch ends
     # (they must all run the same steps)
     limit, cut_in_epoch = config.time_limit, bool(config.time_limit) and not ranks.distributed
@@ -808,7 +821,8 @@ def train_model(
             if on_epoch is not None:
                 on_epoch(record)
             stopped_early = config.patience > 0 and bad_epochs >= config.patience
-            # no room left for another epoch's training beside its validation: stop here
+            # no room left for another epoch's training beside its validation: stop here (what
+            # spent_time_limit says of a resumed run)
             no_room = limit and elapsed + record["valid_seconds"] >= limit
             if out_of_time or (no_room and epoch < config.epochs):
                 stopped_early = out_of_time = True

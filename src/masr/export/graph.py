@@ -37,8 +37,6 @@ from masr.export.weights import MASSWeights, MDRWeights
 from masr.foldin import FoldInMaps
 from masr.onnx_format import CANDIDATES, INPUTS, IR_VERSION, OPSET, OUTPUTS, UNKNOWN
 
-#: How an unknown user enters eq. 11: from the playlist's members, or not at all.
-
 
 def build_graph(*args: Any, **kwargs: Any) -> onnx.ModelProto:
     """The scoring graph (``masr.export``'s docstring), every tensor inside the returned model:
@@ -79,9 +77,9 @@ def graph_and_arrays(
     users, playlists, members_input, k = INPUTS
 
     zero_i, ax1 = g.ints(), g.ints(1)
-    g.ints(2)  # created here so that constant names stay where they always were
+    g.ints(2)  # made first, as before (names follow the order things are made)
     members = _one_slot_at_least(g, members_input)  # (B, max(L, 1))
-    # member slots: real (B, L) bool, safe indices (padding -> 0), counts (B, 1)
+    # member slots: real (B, max(L, 1)) bool, safe indices (padding -> 0), counts (B, 1)
     real = g.op("GreaterOrEqual", members, zero_i, hint="real")
     safe = g.op("Where", real, members, zero_i, hint="safe_members")
     real_f = g.op("Cast", real, to=TensorProto.FLOAT)

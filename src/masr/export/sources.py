@@ -170,8 +170,9 @@ def locate_data(
         if found == fingerprint:
             return path
         if override is not None:
+            what = found or "without a fingerprint (not a `masr prep` manifest)"
             raise MasrError(
-                f"--data {path}: prepared data {found} is not the data the checkpoints were "
+                f"--data {path}: prepared data {what} is not the data the checkpoints were "
                 f"trained on ({fingerprint})"
             )
     raise MasrError(

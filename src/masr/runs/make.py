@@ -425,9 +425,12 @@ def _check_resumable(
     run: str, run_dir: Path, state: dict[str, Any], config: Any, apr: bool
 ) -> None:
     """Refuse a --resume whose --epochs (--adv-epochs) is below the epochs ``last.pt`` holds,
-    or whose new --time-limit is below the seconds already spent: the run would keep what it
-    trained beyond them and be recorded as made with the lower value, so a later command
-    reusing it would get a run its options do not make (QA). Raising either continues."""
+    or whose --time-limit, lowered (or set on a run made without one), is below the seconds
+    already spent: the run would keep what it trained beyond them and be recorded as made with
+    the lower value, so a later command reusing it would get a run its options do not make
+    (QA). A raised --epochs or --time-limit continues."""
+    from masr.train import saved_time_limit
+
     trained = int(state.get("epoch", 0))
     option = "--adv-epochs" if apr else "--epochs"
     if trained > config.epochs:
@@ -437,7 +440,7 @@ def _check_resumable(
             f"{option} {trained} or more (drop --resume to train it again)"
         )
     spent = float(state.get("seconds", 0.0))
-    before = float((state.get("train_config") or {}).get("time_limit") or 0.0)
+    before = saved_time_limit(state)
     lowered = before == 0 or config.time_limit < before  # a raised limit just trains on
     if config.time_limit and lowered and spent > config.time_limit:
         raise MasrError(
