@@ -56,10 +56,11 @@ def cpu_threads_line(threads: int, device: str) -> str:
     """Set PyTorch's CPU threads for a command on ``device`` ("cuda" leaves them alone):
     ``threads``, or with 0 the free cores (``masr.system.cpu_threads``). Returns the line to
     say on stderr ("" when the user chose, or on CUDA)."""
+    from masr.config import MAX_THREADS
     from masr.errors import MasrError
 
-    if threads < 0:
-        raise MasrError("--threads must be >= 0 (0 = the free cores)")
+    if not 0 <= threads <= MAX_THREADS:
+        raise MasrError(f"--threads must be >= 0 (0 = the free cores) and at most {MAX_THREADS:,}")
     if device == "cuda":
         return ""
     import torch
@@ -169,10 +170,7 @@ def handle_errors(func: F) -> F:
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
         except MemoryError:
-            raise fail(
-                "out of memory; try a smaller input or smaller sizes (train, evaluate and "
-                "score: a smaller --batch-size)"
-            ) from None
+            raise fail(OUT_OF_MEMORY) from None
         except OSError as exc:  # a full disk, a read-only folder: the file and the reason
             if _broken_pipe(exc):  # `masr score ... | head`: stop quietly, as Unix tools do
                 _quiet_stdout()
@@ -180,6 +178,8 @@ def handle_errors(func: F) -> F:
             where = f"{exc.filename}: " if exc.filename else ""
             raise fail(f"{where}{exc.strerror or exc}") from None
         except Exception as exc:
+            if _allocation_failed(exc):  # PyTorch's allocator says so in a RuntimeError
+                raise fail(OUT_OF_MEMORY) from None
             if not _peer_stopped(exc):
                 raise
             rank, size = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
@@ -189,6 +189,21 @@ def handle_errors(func: F) -> F:
             ) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+OUT_OF_MEMORY = (
+    "out of memory; try a smaller input or smaller sizes (train, evaluate and score: a "
+    "smaller --batch-size; train: a smaller --dim or --neg)"
+)
+
+
+def _allocation_failed(exc: BaseException) -> bool:
+    """PyTorch's "can't allocate memory" (CPU) or "out of memory" (CUDA), raised as a
+    RuntimeError rather than MemoryError."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "can't allocate memory" in text or "CUDA out of memory" in text
+    )
 
 
 def _peer_stopped(exc: BaseException) -> bool:

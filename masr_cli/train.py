@@ -402,9 +402,12 @@ def command(
     Under torchrun each process trains on its shard of every batch and the gradients are
     combined (torch.distributed: gloo on CPU, nccl on CUDA); rank 0 validates and writes.
     """
+    from masr.config import MAX_DIM
     from masr.dataset import load_prepared
     from masr.runs import saved_options, train_run
 
+    if dim is not None and not 1 <= dim <= MAX_DIM:
+        raise MasrError(f"--dim {dim}: must be in [1, {MAX_DIM:,}]")
     alpha_auto, alpha_value = _alpha_option(alpha)
     options = RunOptions(
         train=TrainConfig(

@@ -641,6 +641,21 @@ def test_export_out_inside_a_run_folder_is_refused(tmp_path: Path, runs: Path) -
     (runs / "mdr" / ".best.pt.abcd1234.tmp").unlink()
 
 
+def test_export_replaces_an_earlier_export_only(tmp_path: Path, runs: Path) -> None:
+    """--out naming an existing file that is not a masr export (QA fuzz: a text file became
+    an ONNX model in silence) is refused and left as it was; an earlier export is replaced."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(notes)])
+    assert result.exit_code == 1
+    assert "an existing file that is not a masr export" in result.stderr
+    assert notes.read_text() == "mine"
+    out = tmp_path / "m.onnx"
+    for _ in range(2):
+        result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(out)])
+        assert result.exit_code == 0, result.stderr
+
+
 def test_export_out_naming_a_folder_is_refused(tmp_path: Path, runs: Path) -> None:
     """--out DIR/ (a folder meant, not yet there) or an existing folder: one line asking for
     a file name; nothing is written."""

@@ -915,3 +915,33 @@ def test_resume_never_trains_past_what_its_options_allow(
     assert "mdr: interrupted after 2 epoch(s)" in result.stderr
     info = json.loads((runs / "mdr" / "run.json").read_text())
     assert info["status"] == "interrupted" and len(info["history"]) == 2
+
+
+def test_out_of_range_numbers_are_one_line(tmp_path: Path) -> None:
+    """Values past what a machine or float32 holds (QA fuzz: tracebacks from an int64
+    overflow, an allocation of 92.8 GB, a float32 overflow): one line each; PyTorch's failed
+    allocation, a RuntimeError, reads as out of memory; column names without an INPUT are
+    refused, not ignored."""
+    from conftest import write_planted
+
+    from masr_cli._common import _allocation_failed
+
+    data = write_planted(tmp_path / "data")
+    base = ["train", "--model", "mdr", "--data", str(data), "--runs", str(tmp_path / "runs")]
+    huge = str(2**63)
+    for args, said in (
+        (["--threads", huge], "--threads must be >= 0 (0 = the free cores) and at most 4,096"),
+        (["--dim", "100000000"], "--dim 100000000: must be in [1, 65,536]"),
+        (["--neg", huge], "--neg must be >= 1 and at most 2,147,483,647"),
+        (["--lr", "1e308"], "--lr must be a positive number (float32)"),
+        (["--temperature", "1e39"], "--temperature must be a positive number (float32)"),
+    ):
+        _fails([*base, *args], said)
+    _fails(["evaluate", "--data", str(data), "--threads", huge], "and at most 4,096")
+    assert not (tmp_path / "runs").exists()
+    assert _allocation_failed(RuntimeError("[enforce fail at alloc_cpu.cpp:127] data. "
+                                           "DefaultCPUAllocator: can't allocate memory: you "
+                                           "tried to allocate 92800000000 bytes"))
+    assert not _allocation_failed(RuntimeError("shape mismatch"))
+    _fails(["prep", "--out", str(tmp_path / "p"), "--track-col", "song"],
+           "--track-col name columns of an INPUT file")

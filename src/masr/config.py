@@ -85,6 +85,14 @@ def _finite(x: float) -> bool:
     return math.isfinite(x)
 
 
+#: the largest float32: a rate, weight or temperature past it cannot reach the tensors
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _finite32(x: float) -> bool:
+    return math.isfinite(x) and abs(x) <= FLOAT32_MAX
+
+
 def value_kind_problem(value: Any, annotation: str) -> str | None:
     """Why ``value`` does not fit a config field annotated ``annotation`` ("int", "float",
     "str", "bool", "float | None" ...), or None when it fits: ints are integers (numpy's too,
@@ -188,10 +196,14 @@ class TrainConfig:
             [
                 ("--epochs", self.epochs >= 1, "must be >= 1"),
                 ("--batch-size", self.batch_size >= 1, "must be >= 1"),
-                ("--lr", self.lr > 0 and _finite(self.lr), "must be a positive number"),
-                ("--reg", self.reg >= 0 and _finite(self.reg), "must be >= 0"),
+                ("--lr", self.lr > 0 and _finite32(self.lr), "must be a positive number (float32)"),
+                ("--reg", self.reg >= 0 and _finite32(self.reg), "must be >= 0 (a float32)"),
                 ("--loss", self.loss in LOSSES, f"must be one of {_list(LOSSES)}"),
-                ("--neg", self.neg >= 1, "must be >= 1"),
+                (
+                    "--neg",
+                    1 <= self.neg <= MAX_SONG_COUNT,
+                    f"must be >= 1 and at most {MAX_SONG_COUNT:,}",
+                ),
                 ("--neg-mode", self.neg_mode in NEG_MODES, f"must be one of {_list(NEG_MODES)}"),
                 (
                     "--neg-sampler",
@@ -200,8 +212,8 @@ class TrainConfig:
                 ),
                 (
                     "--temperature",
-                    self.temperature > 0 and _finite(self.temperature),
-                    "must be a positive number",
+                    self.temperature > 0 and _finite32(self.temperature),
+                    "must be a positive number (float32)",
                 ),
                 ("--select", self.select in SELECTIONS, f"must be one of {_list(SELECTIONS)}"),
                 ("--valid-sample", self.valid_sample >= 0, "must be >= 0 (0 = every case)"),
@@ -580,6 +592,10 @@ class ExportConfig:
 #: the largest song count an option may give (the graphs hold counts as int64, ONNX Runtime
 #: its shapes; a count past any catalog means the whole catalog anyway)
 MAX_SONG_COUNT = 2**31 - 1
+#: the most CPU threads or scoring workers asked for (no machine has more cores)
+MAX_THREADS = 4096
+#: the largest embedding size --dim takes (the GPU searches went to 512)
+MAX_DIM = 65536
 
 
 def _check_song_count(option: str, value: int | None) -> None:
@@ -618,8 +634,8 @@ class ScoreConfig:
             raise MasrError(f"--device {self.device}: choose one of {_list(DEVICES)}")
         if self.read_rows < 1:
             raise MasrError(f"read_rows {self.read_rows}: must be >= 1")
-        if self.workers is not None and self.workers < 1:
-            raise MasrError(f"--workers {self.workers}: must be >= 1")
+        if self.workers is not None and not 1 <= self.workers <= MAX_THREADS:
+            raise MasrError(f"--workers {self.workers}: must be >= 1 and at most {MAX_THREADS:,}")
         if self.candidates is not None and self.candidates < 1:
             raise MasrError(f"--candidates {self.candidates}: must be >= 1")
         _check_song_count("--candidates", self.candidates)

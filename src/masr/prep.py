@@ -417,6 +417,12 @@ def _prepare(
     out = Path(out)
     check_replaceable_dir(out, MANIFEST, inputs=() if input_path is None else (input_path,))
     if input_path is None:
+        named = [f"--{k}-col" for k, v in vars(columns).items() if v != getattr(Columns(), k)]
+        if named:  # the embedded dataset has its own columns: a name given means an INPUT
+            raise MasrError(
+                f"{', '.join(named)} name columns of an INPUT file; the embedded dataset has "
+                "its own (give the INPUT, or drop them)"
+            )
         raw = _synthetic_input(config.seed, synth_users)
         source = "the embedded dataset"
     else:

@@ -93,6 +93,26 @@ class ExportResult:
     files: list[Path] = field(default_factory=list)
 
 
+def check_replaceable_model(out: str | Path) -> None:
+    """Refuse an ``out`` that is an existing file other than a masr export (a text file, a
+    checkpoint, another program's model): the export replaces ``out`` whole (QA: ``--out
+    notes.txt`` became an ONNX model without a word). An earlier export is replaced."""
+    out = Path(out)
+    if not out.is_file():
+        return
+    from masr.onnx_format import FORMAT, read_metadata_props
+
+    try:
+        format_tag = read_metadata_props(out).get("format")
+    except (OSError, ValueError):
+        format_tag = None
+    if format_tag != f'"{FORMAT}"':
+        raise MasrError(
+            f"--out {out}: an existing file that is not a masr export, which the export would "
+            "replace; choose another name, or remove it first"
+        )
+
+
 def check_outside_runs(
     out: str | Path, runs_dir: str | Path, checkpoints: Sequence[Path] = ()
 ) -> None:
@@ -187,6 +207,7 @@ def export_model(
     del mdr, mass, part  # the arrays above are all that is used of them from here
     data_dir = locate_data(runs_dir, sources, fingerprint, config.data)
     check_not_inside(out, data_dir, "--out")  # masr prep replaces that folder whole
+    check_replaceable_model(out)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     maps = read_id_maps(data_dir, sizes)
     fold_in, fold_info = _fold_in(mdr_w, data_dir, config.fold_in, say)
@@ -378,6 +399,7 @@ __all__ = [
     "Source",
     "build_graph",
     "check_outside_runs",
+    "check_replaceable_model",
     "graph_and_arrays",
     "export_model",
     "load_sources",
