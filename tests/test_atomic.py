@@ -79,3 +79,23 @@ def test_remove_temp_entries_takes_only_what_a_writer_of_those_names_left(tmp_pa
     assert remove_temp_entries(tmp_path) == 2  # every name: a folder masr owns whole
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept[1:])
     assert remove_temp_entries(tmp_path / "missing") == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_place_where_nothing_can_be_created_is_named_at_once() -> None:
+    """A folder that exists but takes no new file (/proc): the lock says so at once (QA: ten
+    seconds of retries, then "other processes keep taking it"), and a temporary file's failure
+    names the output, not the temporary name."""
+    import time
+
+    from masr.lock import locked
+
+    start = time.monotonic()
+    with pytest.raises(MasrError, match=r"/proc/masr-test\.lock: cannot be created"):
+        with locked(Path("/proc/masr-test.lock"), "test"):
+            pass
+    assert time.monotonic() - start < 5
+    with pytest.raises(OSError) as err:
+        with atomic_path("/proc/masr-test.csv"):
+            pass
+    assert err.value.filename == "/proc/masr-test.csv"

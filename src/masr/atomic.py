@@ -41,6 +41,16 @@ def _named_os_error(exc: BaseException, path: Path, tmp: Path) -> OSError | None
     return OSError(number, reason or " ".join(str(exc).split()), where)
 
 
+@contextlib.contextmanager
+def _creating(path: Path) -> Iterator[None]:
+    """Around the creation of a temporary entry beside ``path``: an OS error names ``path``,
+    not the random temporary name (QA: ``synth --out /proc/x`` named ``/proc/.x.2gnc3w4i.tmp``)."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -94,7 +104,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield path
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with _creating(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
@@ -191,7 +202,8 @@ def atomic_group() -> Iterator[Callable[[str | os.PathLike[str]], Path]]:
                 "next to it, so give a file path"
             )
         final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+        with _creating(final):
+            fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
         os.close(fd)
         staged.append((Path(tmp), final))
         return Path(tmp)
@@ -222,7 +234,8 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    with _creating(path):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
         _publish_mode(tmp, directory=True)

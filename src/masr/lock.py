@@ -88,10 +88,18 @@ def _acquire(path: Path, command: str, warn: Callable[[str], None]) -> dict[str,
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     deadline = time.monotonic() + 10.0
+    missing = 0  # creations refused in a folder that exists (/proc, a vanished mount)
     while time.monotonic() < deadline:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileNotFoundError:  # another command removed the empty folder it had made
+        except FileNotFoundError as exc:  # another command removed the empty folder it made
+            if path.parent.is_dir():
+                missing += 1
+                if missing >= 3:  # no race: nothing can be created there (QA: 10 s, then
+                    raise MasrError(  # "other processes keep taking it")
+                        f"{path}: cannot be created ({exc.strerror}); the output must go "
+                        "where files can be written"
+                    ) from None
             path.parent.mkdir(parents=True, exist_ok=True)
             continue
         except FileExistsError:
