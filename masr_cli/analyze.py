@@ -278,12 +278,9 @@ for _command in (dims, attention, speed):
 
 def _check_out(out: Path) -> None:
     """One clear line when a file stands where the --out folder goes."""
-    from masr.atomic import check_parents
-    from masr.errors import MasrError
+    from masr.atomic import check_output_dir
 
-    if out.exists() and not out.is_dir():
-        raise MasrError(f"--out {out}: is a file; analyze writes a folder (JSON and PNG)")
-    check_parents(out, "--out")  # afile/sub: no folder can be made there
+    check_output_dir(out, "--out", "analyze writes a folder (JSON and PNG)")
 
 
 def _out_folder(out: Path) -> None:

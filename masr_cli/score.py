@@ -151,8 +151,6 @@ def command(
     given = {"user": user_col, "playlist": playlist_col, "track": track_col}
     columns = input_columns(check_model_path(model), given, log_line)
     config = replace(config, columns=columns)
-    if out is not None and str(out) == "-":  # as --json - elsewhere: stdout
-        out = None
     if str(input) == "-":
         summary = _score_stdin(model, out, config)
     else:

@@ -130,11 +130,15 @@ def check_output_file(path: str | os.PathLike[str], option: str) -> None:
     check_parents(target, option)
 
 
-def check_output_dir(path: str | os.PathLike[str], option: str) -> None:
+def check_output_dir(
+    path: str | os.PathLike[str], option: str, writes: str | None = None
+) -> None:
     """Refuse (MasrError) an output folder path that is a file or lies below one; a missing
-    folder is fine (it is created)."""
+    folder is fine (it is created). ``writes``: what the command writes there, said instead of
+    "not a folder" (``reproduce writes a folder (runs, tables, plots)``)."""
     if Path(path).exists() and not Path(path).is_dir():
-        raise MasrError(f"{option} {path}: is a file, not a folder; choose another {option}")
+        why = writes or f"not a folder; choose another {option}"
+        raise MasrError(f"{option} {path}: is a file{'; ' if writes else ', '}{why}")
     check_parents(path, option)
 
 

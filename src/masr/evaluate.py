@@ -396,10 +396,8 @@ def evaluate_model_and(
     if index is None:
         from masr.train import resolve_device
 
-        if device is None:
-            dev = next(_devices(model), torch.device("cpu"))
-        else:
-            dev = device if isinstance(device, torch.device) else resolve_device(str(device))
+        default = next(_devices(model), torch.device("cpu"))  # where the model's weights are
+        dev = default if device is None else resolve_device(device)
         index = TrainingIndex.from_data(data, dev)
     cases = data.test if split == "test" else data.valid
     if len(cases) == 0:  # metrics of no case would read as 0.0: refused instead

@@ -562,7 +562,7 @@ def read_interactions(
         if position is not None:
             select.append(pl.col(position).alias(POSITION))
         extras = [  # without the spaces around them, as the ids (``u1, p1, t1, Name``)
-            pl.col(c).cast(pl.String).str.strip_chars(" \t").alias(e)
+            _id_text(pl.col(c), None).alias(e)
             for e in SONG_EXTRAS
             if (c := column_named(names, e)) is not None and c not in taken
         ]

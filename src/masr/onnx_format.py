@@ -3,16 +3,18 @@
 
 One home for what both sides must agree on: the graph's inputs and outputs, the index that means
 "not in the model", the metadata's format tag, and the names of the files written next to the
-``.onnx``; and ``read_metadata_props``, which reads a model's metadata entries. Standard library
-only: scoring must not import torch, and nothing here needs onnx.
+``.onnx``; and ``read_metadata_props`` / ``read_metadata``, which read a model's metadata
+entries. Standard library only: scoring must not import torch, and nothing here needs onnx.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import json
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 #: ONNX opset of the graph (ReduceSum/ReduceSumSquare take axes as inputs from opset 18).
 OPSET = 18
@@ -155,3 +157,14 @@ def read_metadata_props(path: str | Path) -> dict[str, str]:
             else:  # the graph and every other field, by its length or width
                 _skip(fh, wire, size)
     return props
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """``read_metadata_props`` with each value read as the JSON a masr export writes (an entry
+    that is not JSON is left out): the metadata a reader checks ``format`` in. ValueError for
+    a file that is not a protobuf message."""
+    meta: dict[str, Any] = {}
+    for key, value in read_metadata_props(path).items():
+        with contextlib.suppress(ValueError):
+            meta[key] = json.loads(value)
+    return meta

@@ -83,13 +83,10 @@ def reproduce(
     config = config or ReproduceConfig()
     say = log or (lambda _msg: None)
     data, out = load_prepared(data_dir), Path(out)
-    from masr.atomic import check_not_inside, check_parents
-    from masr.errors import MasrError
+    from masr.atomic import check_not_inside, check_output_dir
 
     check_not_inside(out, data_dir, "--out")
-    if out.exists() and not out.is_dir():
-        raise MasrError(f"--out {out}: is a file; reproduce writes a folder (runs, tables, plots)")
-    check_parents(out, "--out")
+    check_output_dir(out, "--out", "reproduce writes a folder (runs, tables, plots)")
     runs = out / "runs"
     base = RunOptions(
         train=TrainConfig(
@@ -354,12 +351,13 @@ def _write_figures(out: Path, tables: dict[str, Any], pairs: list[Any]) -> list[
     ]
 
 
-def _figure(out: Path, name: str, title: str) -> list[str]:
+def _figure(out: Path, name: str, title: str, heading: bool = False) -> list[str]:
     """report.md's lines showing the PNG ``name`` beside it (written first by
-    ``_write_figures``), none where it was not written (no matplotlib)."""
+    ``_write_figures``), under a ``title`` heading of its own with ``heading``; none where it
+    was not written (no matplotlib)."""
     if not (out / name).is_file():
         return []
-    lines = [f"## {title}", ""] if title.startswith("Figure 4") else []
+    lines = [f"## {title}", ""] if heading else []
     return [*lines, f"![{title}]({name})", ""]
 
 
@@ -451,7 +449,7 @@ def _write_report(
         "",
         *_entities_section(tables["entities"], labels),
         *_paired_section(tables.get("paired", []), labels),
-        *_figure(out, "fig4_hits.png", "Figure 4: hit@N of every model, N = 1..10"),
+        *_figure(out, "fig4_hits.png", "Figure 4: hit@N of every model, N = 1..10", heading=True),
         "## Table 3: playlist and user embeddings",
         "",
         *_metric_table([(label, tables["table3"][r]) for r, label in TABLE3]),

@@ -62,7 +62,7 @@ from masr.onnx_format import (
     OUTPUTS,
     UNKNOWN,
     WEIGHTS,
-    read_metadata_props,
+    read_metadata,
     sha256_file,
     sidecar,
 )
@@ -347,7 +347,6 @@ class ExportedModel(Engine):
         if meta.get("format") != FORMAT:
             raise MasrError(f"--model {self.path}: not a masr export (no masr metadata)")
         side = sidecar(self.path, "json")
-        self.verified = False
         if side.is_file():
             beside = _sidecar_json(side)
             _check_same_export(side, beside, self.path, meta)
@@ -815,7 +814,7 @@ def input_columns(
 def _export_metadata(model: Path) -> dict[str, Any]:
     """A masr export's metadata: its JSON file when it belongs to the model (the same
     ``export_id``), else the model's own metadata entries (the same keys, each value JSON),
-    read without loading the graph (``read_metadata_props``). One error line for an unreadable
+    read without loading the graph (``read_metadata``). One error line for an unreadable
     file, a file that is not an ONNX model, an ONNX model that is not a masr export, or a JSON
     file of another export (read before the input, whose column names it may give). With no
     model file, the JSON file as it is, or {} (loading the model says what is missing)."""
@@ -824,13 +823,9 @@ def _export_metadata(model: Path) -> dict[str, Any]:
     if not model.is_file():
         return beside or {}  # no model at all: loading it says so
     try:
-        props = read_metadata_props(model)
+        meta = read_metadata(model)
     except (OSError, ValueError) as exc:
         raise MasrError(f"--model {model}: not a readable ONNX model ({exc})") from None
-    meta: dict[str, Any] = {}
-    for key, value in props.items():
-        with contextlib.suppress(ValueError):
-            meta[key] = json.loads(value)
     if meta.get("format") != FORMAT:
         raise MasrError(f"--model {model}: not a masr export (no masr metadata)")
     if beside is not None:

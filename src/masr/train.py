@@ -196,8 +196,11 @@ class LazyAdam:
             self.exp_avg_sq[j].copy_(v)
 
 
-def resolve_device(device: str) -> torch.device:
-    """``auto`` (CUDA when present), ``cpu`` or ``cuda``; MasrError when CUDA is missing."""
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``auto`` (CUDA when present), ``cpu`` or ``cuda``; MasrError when CUDA is missing. A
+    ``torch.device`` is taken as it is."""
+    if isinstance(device, torch.device):
+        return device
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():

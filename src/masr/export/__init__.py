@@ -42,7 +42,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,30 +100,28 @@ def check_replaceable_model(out: str | Path) -> None:
     out = Path(out)
     if not out.is_file():
         return
-    from masr.onnx_format import FORMAT, read_metadata_props
+    from masr.onnx_format import FORMAT, read_metadata
 
     try:
-        format_tag = read_metadata_props(out).get("format")
+        format_tag = read_metadata(out).get("format")
     except (OSError, ValueError):
         format_tag = None
-    if format_tag != f'"{FORMAT}"':
+    if format_tag != FORMAT:
         raise MasrError(
             f"--out {out}: an existing file that is not a masr export, which the export would "
             "replace; choose another name, or remove it first"
         )
 
 
-def check_outside_runs(
-    out: str | Path, runs_dir: str | Path, checkpoints: Sequence[Path] = ()
-) -> None:
-    """Refuse an ``out`` inside a run folder: the exported checkpoints' own (``--out
-    runs/mdr/best.pt`` would replace the checkpoint it reads) or any other run's in
-    ``runs_dir`` (a folder with run.json or best.pt), whose files ``masr train`` writes. The CLI
-    calls it before it locks ``out`` or clears a killed export's temporary files beside it
-    (a training run's own temporary checkpoint, there)."""
+def check_outside_runs(out: str | Path, runs_dir: str | Path) -> None:
+    """Refuse an ``out`` inside a run folder of ``runs_dir`` (a folder with run.json or
+    best.pt), whose files ``masr train`` writes: the exported checkpoints are among them
+    (``--out runs/mdr/best.pt`` would replace the checkpoint it reads; ``resolve_sources``
+    takes them from there). The CLI calls it before it locks ``out`` or clears a killed
+    export's temporary files beside it (a training run's own temporary checkpoint, there)."""
     out, runs_dir = Path(out), Path(runs_dir)
     target = out.resolve()
-    folders = {c.parent.resolve() for c in checkpoints}
+    folders: set[Path] = set()
     for marker in ("run.json", "best.pt"):
         folders |= {p.parent.resolve() for p in runs_dir.glob(f"*/{marker}")}
     for folder in sorted(folders):
@@ -151,7 +149,7 @@ def export_model(
         raise MasrError(f"--out {out}: is a directory; give a file name (e.g. {out}/masr.onnx)")
     check_parents(out, "--out")
     kind, sources = resolve_sources(runs_dir, config.model)
-    check_outside_runs(out, runs_dir, [s.path for s in sources])
+    check_outside_runs(out, runs_dir)
     say(f"exporting {kind} from {', '.join(str(s.path) for s in sources)}")
     from masr.runs.store import run_warnings
 

@@ -119,6 +119,8 @@ def check_model_overrides(overrides: dict[str, Any]) -> None:
     MasrError names the first one that is not. Options built in Python otherwise keep a typo
     (``{"dimm": 8}``) without a word, and a string where a number belongs fails deep in
     training."""
+    if not overrides:
+        return
     from dataclasses import fields
 
     from masr.config import value_kind_problem
