@@ -9,6 +9,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -70,6 +71,20 @@ def cpu_threads_line(threads: int, device: str) -> str:
     n_threads, why = cpu_threads(threads)
     torch.set_num_threads(n_threads)
     return "" if threads else f"using {why}"
+
+
+def governed(threads: int, device: str, log: Callable[[str], None] | None) -> Any:
+    """A context for a command's long work, after ``cpu_threads_line``: with --threads 0 on a
+    CPU its training and evaluation loops keep the thread count at the free cores while they
+    run (``masr.system.governed_threads``), saying each change through ``log``; otherwise
+    nothing."""
+    if threads or device == "cuda":
+        return nullcontext()
+    import torch
+
+    from masr.system import governed_threads
+
+    return governed_threads(torch.get_num_threads(), log)
 
 
 def log_after(first_line: str) -> Callable[[str], None]:

@@ -16,6 +16,7 @@ from masr_cli._common import (
     choices,
     console,
     cpu_threads_line,
+    governed,
     handle_errors,
     log_after,
     unwrap,
@@ -81,8 +82,9 @@ def dims(
     _check_out(out)  # before the evaluation, not after it
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, device.value))
-    table = quality_by_dim(prepared, runs, model, split=split.value, device=device.value,
-                           full_sample=full_sample, seed=seed, log=log)
+    with governed(threads, device.value, log):
+        table = quality_by_dim(prepared, runs, model, split=split.value, device=device.value,
+                               full_sample=full_sample, seed=seed, log=log)
     _out_folder(out)
     with atomic_file(out / "dims.json", "w") as fh:
         json.dump(table, fh, indent=2)

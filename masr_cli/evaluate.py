@@ -18,6 +18,7 @@ from masr_cli._common import (
     choices,
     console,
     cpu_threads_line,
+    governed,
     log_after,
     log_line,
 )
@@ -161,20 +162,21 @@ def command(
     log = log_after(cpu_threads_line(threads, device.value))
     names = model or ["all"]
     ranks: dict | None = {} if significance else None
-    results = evaluate_runs(
-        prepared,
-        runs,
-        names,
-        split=split.value,
-        device=device.value,
-        full_sample=full_sample,
-        sample_seed=sample_seed,
-        alphas=alpha or (),
-        candidates=candidates,
-        compile=compile_,
-        log=log,
-        ranks_out=ranks,
-    )
+    with governed(threads, device.value, log):
+        results = evaluate_runs(
+            prepared,
+            runs,
+            names,
+            split=split.value,
+            device=device.value,
+            full_sample=full_sample,
+            sample_seed=sample_seed,
+            alphas=alpha or (),
+            candidates=candidates,
+            compile=compile_,
+            log=log,
+            ranks_out=ranks,
+        )
     cases = prepared.test if split is Split.test else prepared.valid
     negatives = int((cases.negatives >= 0).sum(1).max()) if len(cases) else 0
     full_n = len(cases) if not full_sample else min(full_sample, len(cases))

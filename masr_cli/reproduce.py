@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from masr.config import ReproduceConfig
-from masr_cli._common import Device, Threads, console, cpu_threads_line, log_after
+from masr_cli._common import Device, Threads, console, cpu_threads_line, governed, log_after
 
 NAME = "reproduce"
 
@@ -105,7 +105,8 @@ def command(
         seed=seed,
     )
     log = log_after(cpu_threads_line(threads, device.value))
-    result = reproduce(data, out, config, log=log)
+    with governed(threads, device.value, log):
+        result = reproduce(data, out, config, log=log)
     for title, seconds in result.seconds.items():
         console.print(f"{title}: {seconds:.1f} s")
     console.print(f"wrote {result.report}")

@@ -40,7 +40,15 @@ from masr.config import (
 )
 from masr.errors import MasrError
 from masr.runs import RUNS
-from masr_cli._common import Device, Threads, choices, console, cpu_threads_line, log_line
+from masr_cli._common import (
+    Device,
+    Threads,
+    choices,
+    console,
+    cpu_threads_line,
+    governed,
+    log_line,
+)
 
 if TYPE_CHECKING:  # the run machinery (torch) is imported when a command runs
     from masr.runs.make import RunOutcome
@@ -488,7 +496,10 @@ def command(
         first_line = f"{first_line}; " if first_line else ""
         first_line += f"data-parallel over {ranks.size} processes (torch.distributed)"
     try:
-        with RichProgress(first_line) if ranks.is_main else nullcontext() as progress:
+        with (
+            RichProgress(first_line) if ranks.is_main else nullcontext() as progress,
+            governed(threads, options.device, progress.say if ranks.is_main else None),
+        ):
             outcomes = train_run(
                 name,
                 prepared,

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import masr.system
-from masr.system import busy_cores, cpu_threads
+from masr.system import busy_cores, cpu_threads, governed_threads, poll_threads
 
 
 @pytest.mark.parametrize(
@@ -191,3 +191,131 @@ def test_sigterm_unwinds_like_ctrl_c_and_exits_143() -> None:
     finally:
         signal.signal(signal.SIGTERM, before)
     assert info.value.exit_code == 143 and cleaned == [True]
+
+
+class _Machine:
+    """Scripted /proc/stat and process CPU time for ThreadGovernor: each look advances the
+    clock by one second, in which the two cores are busy ``busy`` of it and this process used
+    ``own`` cores' worth."""
+
+    def __init__(self, monkeypatch, busy: float, own: float) -> None:
+        self.busy, self.own = busy, own
+        self.t, self.cpu, self.ticks = 0.0, 0.0, {0: [0, 0], 1: [0, 0]}
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+        monkeypatch.setattr(masr.system, "_core_ticks", self.look)
+        monkeypatch.setattr(masr.system.time, "monotonic", lambda: self.t)
+        monkeypatch.setattr(masr.system.time, "process_time", lambda: self.cpu)
+
+    def look(self, cores: set[int]) -> dict[int, tuple[int, int]]:
+        return {c: (total, idle) for c, (total, idle) in self.ticks.items() if c in cores}
+
+    def second(self) -> None:
+        self.t += 1.0
+        self.cpu += self.own
+        for tick in self.ticks.values():  # the busy share spread evenly over the two cores
+            tick[0] += 100
+            tick[1] += round(100 * (1 - self.busy / 2))
+
+
+@pytest.fixture
+def torch_threads():
+    import torch
+
+    threads = torch.get_num_threads()
+    yield torch
+    torch.set_num_threads(threads)
+
+
+def test_governor_leaves_a_core_that_other_work_takes_and_comes_back(
+    monkeypatch, torch_threads
+) -> None:
+    machine = _Machine(monkeypatch, busy=2.0, own=1.0)  # our 2 threads get 1 core: 1 is taken
+    said: list[str] = []
+    torch_threads.set_num_threads(2)
+    with governed_threads(2, said.append, every=1.0) as governor:
+        poll_threads()  # not a second yet: nothing looked at
+        assert governor.threads == 2 and not said
+        machine.second()
+        poll_threads()
+        assert governor.threads == 1 and torch_threads.get_num_threads() == 1
+        assert said == ["CPU threads 2 -> 1: other work keeps 1.0 of 2 core(s) busy"]
+        machine.busy = 1.0  # the other work ended; our one thread keeps one core busy
+        machine.second()
+        poll_threads()
+        assert governor.threads == 1  # after a drop, two free windows in a row before a raise
+        machine.second()
+        poll_threads()
+        assert governor.threads == 2 and torch_threads.get_num_threads() == 2
+        assert said[-1] == "CPU threads 1 -> 2: other work keeps 0.0 of 2 core(s) busy"
+    assert masr.system._governor is None
+
+
+@pytest.mark.parametrize(
+    ("threads", "busy", "own", "want"),
+    [
+        (2, 2.0, 2.0, 2),  # both cores are ours
+        (2, 2.0, 1.6, 2),  # 0.4 of a core elsewhere: not worth a thread
+        (2, 2.0, 1.4, 1),  # 0.6 of a core elsewhere
+        (1, 2.0, 1.0, 1),  # one core ours, one taken
+        (1, 1.3, 1.0, 1),  # a core 70% free is not free enough to add a thread
+    ],
+)
+def test_governor_counts_only_other_work(
+    monkeypatch, torch_threads, threads: int, busy: float, own: float, want: int
+) -> None:
+    machine = _Machine(monkeypatch, busy=busy, own=own)
+    with governed_threads(threads, every=1.0) as governor:
+        for _ in range(3):
+            machine.second()
+            poll_threads()
+        assert governor.threads == want
+
+
+def test_governor_does_nothing_without_proc_stat(monkeypatch, torch_threads) -> None:
+    def unreadable(cores: set[int]) -> dict:
+        raise OSError("no /proc/stat")
+
+    monkeypatch.setattr(masr.system, "_core_ticks", unreadable)
+    torch_threads.set_num_threads(2)
+    with governed_threads(2, every=0.0) as governor:
+        poll_threads()
+        assert governor.threads == 2 and torch_threads.get_num_threads() == 2
+    poll_threads()  # no governor: nothing
+
+
+def test_train_and_evaluate_leave_cores_other_work_takes(
+    monkeypatch, torch_threads, tmp_path
+) -> None:
+    """--threads 0 (the default) on a machine whose cores other work takes after the start: the
+    training and evaluation loops drop to one thread and say so; --threads N is left alone."""
+    from conftest import write_planted
+    from typer.testing import CliRunner
+
+    from masr_cli.main import app
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(masr.system, "busy_cores", lambda cores: 0.0)  # free at the start
+    monkeypatch.setattr(masr.system, "GOVERN_EVERY", 0.0)
+    clock = [0]
+
+    def busy_ticks(cores: set[int]) -> dict[int, tuple[int, int]]:  # always busy, not by us
+        clock[0] += 100
+        return {c: (clock[0], 0) for c in cores}
+
+    monkeypatch.setattr(masr.system, "_core_ticks", busy_ticks)
+    data = write_planted(tmp_path / "data")
+    runs = ["--data", str(data), "--runs", str(tmp_path / "runs")]
+    runner = CliRunner()
+    for args in (["train", "--model", "mdr", "--epochs", "1", "--dim", "8", *runs],
+                 ["evaluate", *runs]):
+        said = runner.invoke(app, args)
+        assert said.exit_code == 0, (said.stderr, said.exception)
+        lines = said.stderr.splitlines()
+        assert lines[0].startswith("using 2 CPU thread(s)")
+        assert any(line.startswith("CPU threads 2 -> 1: other work keeps ") for line in lines)
+        assert torch_threads.get_num_threads() == 1
+    torch_threads.set_num_threads(2)
+    quiet = runner.invoke(app, ["evaluate", *runs, "--threads", "2"])
+    assert quiet.exit_code == 0 and "CPU threads" not in quiet.stderr
+    assert torch_threads.get_num_threads() == 2

@@ -22,6 +22,7 @@ import numpy as np
 
 from masr.config import PROTOCOLS, SPLITS
 from masr.errors import MasrError
+from masr.system import poll_threads
 
 if TYPE_CHECKING:
     import torch
@@ -166,6 +167,7 @@ def _batches(
     playlists_all = torch.as_tensor(cases.playlist[order], dtype=torch.long)
     songs_all = torch.as_tensor(cases.song[order], dtype=torch.long)
     for start in range(0, len(order), batch_size):
+        poll_threads()  # --threads 0: leave cores that other work has taken since
         sl = slice(start, start + batch_size)
         yield sl, playlists_all[sl].to(index.device), songs_all[sl].to(index.device).unsqueeze(1)
 

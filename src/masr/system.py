@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -28,33 +30,49 @@ def available_memory(device: Any) -> int:
         return 2**63 - 1
 
 
-def busy_cores(cores: set[int], interval: float = 0.2) -> float | None:
-    """How many of ``cores`` other work keeps busy right now: the busy share of each core over
-    ``interval`` seconds from /proc/stat (Linux), summed; None where it cannot be read. This
-    process sleeps meanwhile, so it is not counted."""
+def _core_ticks(cores: set[int]) -> dict[int, tuple[int, int]]:
+    """Each of ``cores``' clock ticks since boot from /proc/stat (Linux): (all, idle + iowait).
+    Raises OSError / ValueError / IndexError where it cannot be read."""
+    out = {}
+    with open("/proc/stat") as fh:
+        for line in fh:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+                ticks = [int(x) for x in fields[:8]]  # user .. steal (guest is in user)
+                out[int(name[3:])] = (sum(ticks), ticks[3] + ticks[4])
+    return out
 
-    def snapshot() -> dict[int, tuple[int, int]]:
-        out = {}
-        with open("/proc/stat") as fh:
-            for line in fh:
-                name, *fields = line.split()
-                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
-                    ticks = [int(x) for x in fields[:8]]  # user .. steal (guest is in user)
-                    out[int(name[3:])] = (sum(ticks), ticks[3] + ticks[4])  # total, idle+iowait
-        return out
 
-    try:
-        before = snapshot()
-        time.sleep(interval)
-        after = snapshot()
-    except (OSError, ValueError, IndexError):
-        return None
+def _busy_between(
+    before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]]
+) -> float:
+    """Cores kept busy between two ``_core_ticks``: each core's busy share, summed."""
     busy = 0.0
     for core, (total, idle) in before.items():
         d_total = after[core][0] - total
         if d_total > 0:
             busy += 1.0 - (after[core][1] - idle) / d_total
-    return busy if before else None
+    return busy
+
+
+def busy_cores(cores: set[int], interval: float = 0.2) -> float | None:
+    """How many of ``cores`` other work keeps busy right now: the busy share of each core over
+    ``interval`` seconds from /proc/stat (Linux), summed; None where it cannot be read. This
+    process sleeps meanwhile, so it is not counted."""
+    try:
+        before = _core_ticks(cores)
+        time.sleep(interval)
+        after = _core_ticks(cores)
+        return _busy_between(before, after) if before else None
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+
+
+def allowed_cores() -> set[int]:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0)) or {0}
+    return set(range(os.cpu_count() or 1))
 
 
 def cpu_threads(requested: int = 0) -> tuple[int, str]:
@@ -66,11 +84,8 @@ def cpu_threads(requested: int = 0) -> tuple[int, str]:
     (docs/training.md). Busy cores are the smaller of the 1-minute load average and a 0.2 s
     sample of the cores' busy time: the load average lags (a job that ended a minute ago
     still counts), the sample alone could catch a short burst."""
-    if hasattr(os, "sched_getaffinity"):
-        allowed = set(os.sched_getaffinity(0))
-    else:
-        allowed = set(range(os.cpu_count() or 1))
-    cores = len(allowed) or 1
+    allowed = allowed_cores()
+    cores = len(allowed)
     if requested > 0:
         return requested, f"{requested} CPU thread(s) (--threads)"
     try:
@@ -85,6 +100,120 @@ def cpu_threads(requested: int = 0) -> tuple[int, str]:
         f"{free} CPU thread(s): {cores} core(s), load {load:.1f}{sampled} "
         "(--threads N to choose)"
     )
+
+
+class ThreadGovernor:
+    """Keeps PyTorch's CPU threads at the cores other work leaves free while a long job runs.
+
+    ``cpu_threads`` decides once, at the start; work that starts later (or just before: the
+    load average lags) then shares a core with one of our threads, and every parallel region
+    waits for that thread's turn on the core. A MASS step on the embedded data took 52.9 ms on
+    one thread and 2,504.6 ms on two with the second core busy (2 cores, docs/training.md).
+
+    ``poll`` is cheap and meant to be called often (every training step, every evaluation
+    batch). Every ``every`` seconds it compares the allowed cores' busy time (/proc/stat) with
+    this process's own CPU time: the difference is other work. It drops threads at once when
+    other work holds half a core or more of the ones it uses, and adds one back only when a
+    whole core stays free for ``2**k`` windows in a row (k = the drops so far, at most 5), so a
+    machine whose load comes and goes does not keep changing the count. Threads only change
+    on the thread that calls ``poll`` (OpenMP's count is per calling thread). Where /proc/stat
+    cannot be read it does nothing."""
+
+    def __init__(
+        self,
+        threads: int,
+        log: Callable[[str], None] | None = None,
+        every: float = 2.0,
+        cores: set[int] | None = None,
+    ) -> None:
+        self.threads = threads
+        self.cores = allowed_cores() if cores is None else cores
+        self.log = log
+        self.every = every
+        self._drops = 0
+        self._free_windows = 0
+        self._mark = self._sample()
+        self._due = time.monotonic() + every
+
+    def _sample(self) -> tuple[float, float, dict[int, tuple[int, int]]] | None:
+        try:
+            ticks = _core_ticks(self.cores)
+        except (OSError, ValueError, IndexError):
+            return None
+        return time.monotonic(), time.process_time(), ticks
+
+    def others(self, before: tuple, after: tuple) -> float:
+        """Cores that other work kept busy between two samples."""
+        wall = after[0] - before[0]
+        own = (after[1] - before[1]) / wall if wall > 0 else 0.0
+        return max(0.0, _busy_between(before[2], after[2]) - own)
+
+    def poll(self) -> None:
+        """Change the thread count if the last window says so (see the class)."""
+        if time.monotonic() < self._due or self._mark is None:
+            return
+        sample = self._sample()
+        if sample is None or not sample[2]:
+            self._mark = None  # /proc/stat went away: stop governing
+            return
+        try:
+            others = self.others(self._mark, sample)
+        except KeyError:  # a core left the set: start a new window
+            others = None
+        self._mark, self._due = sample, sample[0] + self.every
+        if others is None:
+            return
+        room = len(self.cores) - others  # cores left for this process
+        if self.threads > 1 and room < self.threads - 0.5:
+            self._set(max(1, min(self.threads - 1, int(room + 0.5))), others)
+            self._drops = min(self._drops + 1, 5)
+            self._free_windows = 0
+        elif self.threads < len(self.cores) and room >= self.threads + 0.8:
+            self._free_windows += 1
+            if self._free_windows >= 2**self._drops:
+                self._set(self.threads + 1, others)
+                self._free_windows = 0
+        else:
+            self._free_windows = 0
+
+    def _set(self, threads: int, others: float) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        if self.log is not None:
+            self.log(
+                f"CPU threads {self.threads} -> {threads}: other work keeps {others:.1f} of "
+                f"{len(self.cores)} core(s) busy"
+            )
+        self.threads = threads
+
+
+_governor: ThreadGovernor | None = None
+#: seconds between a governor's looks at the machine
+GOVERN_EVERY = 2.0
+
+
+@contextmanager
+def governed_threads(
+    threads: int, log: Callable[[str], None] | None = None, every: float | None = None
+) -> Iterator[ThreadGovernor]:
+    """Within this block, ``poll_threads`` (called by training and evaluation loops) keeps the
+    thread count PyTorch uses, ``threads`` at first, at the free cores (``ThreadGovernor``).
+    The thread count is the process's, so there is one governor at a time; the count it set
+    last stays when the block ends."""
+    global _governor
+    outer = _governor
+    _governor = ThreadGovernor(threads, log, GOVERN_EVERY if every is None else every)
+    try:
+        yield _governor
+    finally:
+        _governor = outer
+
+
+def poll_threads() -> None:
+    """Let the active ``governed_threads`` block check the thread count; nothing without one."""
+    if _governor is not None:
+        _governor.poll()
 
 
 #: PyTorch's own switch (its CPU allocator, torch >= 2.2): tensors of 2 MB and more get memory

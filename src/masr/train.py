@@ -81,6 +81,7 @@ from masr.sampling import (
     sample_negatives,
     training_batch,
 )
+from masr.system import poll_threads
 
 __all__ = [
     "AdversarialConfig",
@@ -700,6 +701,7 @@ def train_model(
             # keep room for this epoch's validation: as long as the last one took
             reserve = history[-1].get("valid_seconds", 0.0) if history else first_reserve
             for step in range(steps):
+                poll_threads()  # --threads 0: leave cores that other work has taken since
                 if cut_in_epoch and step and elapsed + time.perf_counter() - t0 + reserve >= limit:
                     done, out_of_time = step, True  # --time-limit ends mid-epoch too
                     progress.step(step, float(total) / step)
