@@ -178,13 +178,14 @@ def command(
             ranks_out=ranks,
         )
     cases = prepared.test if split is Split.test else prepared.valid
-    negatives = int((cases.negatives >= 0).sum(1).max()) if len(cases) else 0
+    counts = (cases.negatives >= 0).sum(1).tolist() or [0]  # fewer on a small catalog
+    negatives = f"{max(counts)}" if min(counts) == max(counts) else f"up to {max(counts)}"
     full_n = len(cases) if not full_sample else min(full_sample, len(cases))
     full_of = "" if full_n == len(cases) else f" ({full_n} cases drawn with seed {sample_seed})"
     table = Table(
         title=f"{split.value} split, {len(cases)} playlists: sampled = held-out song vs its "
         f"{negatives} stored negatives; full{full_of} = vs every song of the "
-        f"{prepared.n_songs}-song catalog outside the playlist",
+        f"{prepared.n_songs}-song catalog outside the playlist's training songs",
         title_justify="left",
     )
     table.add_column("", style="dim")

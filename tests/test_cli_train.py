@@ -945,3 +945,24 @@ def test_out_of_range_numbers_are_one_line(tmp_path: Path) -> None:
     assert not _allocation_failed(RuntimeError("shape mismatch"))
     _fails(["prep", "--out", str(tmp_path / "p"), "--track-col", "song"],
            "--track-col name columns of an INPUT file")
+
+
+def test_evaluate_title_says_what_each_protocol_ranks_against(tmp_path: Path) -> None:
+    """On a small catalog some cases store fewer negatives: the title gives the largest count
+    as 'up to N', and full ranking's competitors as the songs outside the training songs."""
+    import polars as pl
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    cases = pl.read_parquet(data / "test.parquet")
+    short = cases["negatives"].to_list()
+    short[0] = short[0][:10]
+    cases.with_columns(pl.Series("negatives", short, dtype=cases.schema["negatives"])) \
+        .write_parquet(data / "test.parquet")
+    base = ["--data", str(data), "--runs", str(tmp_path / "runs"), "--threads", "1"]
+    _ok(["train", "--model", "pop", *base])
+    said = " ".join(_ok(["evaluate", *base]).stderr.split())
+    assert "vs its up to 20 stored negatives" in said
+    assert "catalog outside the playlist's training songs" in said
+    said = " ".join(_ok(["evaluate", *base, "--split", "valid"]).stderr.split())
+    assert "vs its 20 stored negatives" in said

@@ -3,11 +3,12 @@
 * ``sampled`` (the paper's protocol, Sec. 5.3): each held-out song against the negatives stored
   with its case (padding ``-1`` ignored).
 * ``full``: the held-out song against every catalog song that is not among the playlist's
-  training songs.
+  training songs (the playlist's other held-out song competes: the model never saw it).
 
 In both, the rank of the held-out song is the number of competing songs whose distance is
 ``<=`` its own, so ties count against it (a constant model scores hit@N = 0, not 1). NaN
-distances count as +inf. hit@N = [rank < N]; ndcg@N = [rank < N] / log2(rank + 2).
+distances rank after everything, +inf included; ±inf rank as the float range's ends, so +inf
+ties with the largest float (``_clean``). hit@N = [rank < N]; ndcg@N = [rank < N] / log2(rank + 2).
 
 The comparison table, the plot and the JSON of ``masr evaluate`` are ``masr.report``.
 """

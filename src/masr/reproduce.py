@@ -439,7 +439,7 @@ def _write_report(
         + f", at most {config.epochs} BPR / {config.adv_epochs} APR epochs, patience "
         f"{config.patience}, device {config.device}, "
         f"seed {config.seed}. Test split; sampled = the held-out song against its stored "
-        "negatives, full = against every catalog song outside the playlist"
+        "negatives, full = against every catalog song outside the playlist's training songs"
         + (f" ({config.full_sample} cases)." if config.full_sample else "."),
         "",
         "## Table 2: all models",
