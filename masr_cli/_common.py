@@ -47,8 +47,10 @@ Threads = Annotated[
     typer.Option(
         help="CPU threads for PyTorch; 0 = the cores not kept busy by other work (the lower "
         "of the 1-minute load average and a 0.2 s sample of the cores' busy time), at least "
-        "1, said on stderr. On a busy machine more threads than "
-        "free cores are several times slower.",
+        "1, said on stderr, and followed while training and evaluation run: a thread is "
+        "dropped when other work takes a core and added back once it is free again (each "
+        "change said on stderr). On a busy machine more threads than free cores are many "
+        "times slower.",
     ),
 ]
 

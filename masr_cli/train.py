@@ -487,7 +487,7 @@ def command(
     first_line = cpu_threads_line(threads, options.device)
     from masr.runs.registry import unused_options
 
-    unused = unused_options(name, explicit)
+    unused = unused_options(name, explicit, options.train.loss)
     if unused:  # said with the first line: a command that fails keeps its one error line
         names = ", ".join("--" + o.replace("_", "-") for o in unused)
         note = f"note: {names} not used by {name} (no run of it reads them)"

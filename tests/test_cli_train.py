@@ -435,6 +435,9 @@ def test_options_no_run_reads_are_said_not_dropped_silently(tmp_path: Path) -> N
     assert unused_options("amasr", {"eps", "dim", "loss"}) == []
     assert unused_options("fism", {"entity"}) == ["entity"]
     assert unused_options("mfbpr", {"entity"}) == []
+    assert unused_options("mdr", {"temperature", "neg_mode"}, "bpr") == ["temperature"]
+    assert unused_options("amasr", {"temperature", "neg_mode"}, "softmax") == ["neg_mode"]
+    assert unused_options("pop", {"temperature"}, "softmax") == ["temperature"]
     data = write_planted(tmp_path / "data")
     base = ["--data", str(data), "--runs", str(tmp_path / "runs"), "--threads", "1"]
     said = _ok(["train", "--model", "pop", *base, "--loss", "softmax"])

@@ -294,12 +294,17 @@ TRAINING_OPTIONS = (
 APR_OPTIONS = ("adv_epochs", "eps", "reg_adv", "noise", "adv_lr")
 
 
-def unused_options(name: str, given: set[str]) -> list[str]:
+#: options that only one training loss reads
+LOSS_OPTIONS = {"temperature": "softmax", "neg_mode": "bpr"}
+
+
+def unused_options(name: str, given: set[str], loss: str | None = None) -> list[str]:
     """The options in ``given`` (``OPTION_PATHS`` names set on the command line) that no run of
     ``name``'s plan reads: training options for closed-form models (pop, itemknn, ease, als),
     APR's without an APR run, --entity for models without one, --dim for models without a
-    size, --alpha without a fusion. ``masr train`` says them on stderr rather than ignoring
-    them silently."""
+    size, --alpha without a fusion, and with the training ``loss`` known, --temperature
+    without softmax and --neg-mode without bpr. ``masr train`` says them on stderr rather
+    than ignoring them silently."""
     from masr.models import model_class
 
     runs = [run_spec(r) for r in plan(name)]
@@ -316,4 +321,6 @@ def unused_options(name: str, given: set[str]) -> list[str]:
             unused.append(option)
         elif option == "alpha" and not any(s.procedure == "fuse" for s in runs):
             unused.append(option)  # eq. 20's weight: only a fusion (masr, amasr) has one
+        elif loss is not None and LOSS_OPTIONS.get(option, loss) != loss:
+            unused.append(option)
     return unused
