@@ -101,6 +101,10 @@ def test_evaluate_and_load_take_auto_and_refuse_other_data(
     with pytest.raises(MasrError, match="trained on data of another size"):
         evaluate_model(model, other)
     assert read_run_json(str(runs / "mdr"))["status"] == "finished"  # a str path too
+    (tmp_path / "damaged").mkdir()
+    for text in ("[1, 2]", '"abc"', "{not json"):  # damaged: the run counts as not there
+        (tmp_path / "damaged" / "run.json").write_text(text)
+        assert read_run_json(tmp_path / "damaged") is None
 
 
 def test_recipes_follow_the_options_device_and_check_names() -> None:

@@ -24,13 +24,16 @@ if TYPE_CHECKING:
 
 
 def read_run_json(run_dir: str | Path) -> dict[str, Any] | None:
+    """A run's ``run.json``; None when there is none, or it is unreadable or not a JSON object
+    (a damaged file: the run counts as not there)."""
     path = Path(run_dir) / "run.json"
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        info = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return info if isinstance(info, dict) else None
 
 
 def write_run_json(run_dir: Path, info: dict[str, Any]) -> None:
