@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -283,6 +284,22 @@ def test_reproduce_end_to_end_then_reuses_every_run(planted_dir: Path, tmp_path:
     assert "left out of the tables: pop" in third
     assert "pop" not in json.loads((out / "table2.json").read_text())
     assert "pop" not in json.loads((out / "fig7_speed.json").read_text())
+    # a part removed, one cut short, one trained again since: each is made again with what
+    # was made from it, never reused as it is (QA: a KeyError, a checkpoint error on every
+    # rerun, AMDR of an earlier MDR beside the new MDR in Table 2)
+    main = out / "runs" / "main"
+    shutil.rmtree(main / "mdr_us")
+    best = main / "mass_ps" / "best.pt"
+    best.write_bytes(best.read_bytes()[:1000])
+    info = json.loads((main / "mdr" / "run.json").read_text())
+    info["best"]["valid"]["hit@10"] += 0.01  # as an MDR trained again to other figures
+    (main / "mdr" / "run.json").write_text(json.dumps(info))
+    fourth = _invoke(args)
+    assert "mass_ps: " in fourth and "is damaged (cut short); making it again" in fourth
+    assert "amdr: made from an earlier mdr (trained again since)" in fourth
+    assert "masr: made from an earlier mdr" in fourth
+    assert "main/mdr_us: trained" in fourth and "main/mass_ps: trained" in fourth
+    assert set(json.loads((out / "table3.json").read_text())) >= {"mdr_us", "mass_ps"}
 
 
 def test_reproduce_budget_options() -> None:

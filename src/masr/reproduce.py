@@ -236,16 +236,18 @@ class _Stages:
 
 
 def _make(name: str, data: Any, runs_dir: Path, options: RunOptions, say: Log) -> None:
-    """Run ``name`` in ``runs_dir``, unless it finished there with the same signature."""
-    from masr.runs import read_run_json, signature, train_run
-    from masr.runs.registry import same_signature
+    """Run ``name`` in ``runs_dir``, unless it and every run it is made from finished there
+    with the same signature and can be reused as they are (``masr.runs.make.reusable``: a
+    part missing, damaged or trained again since makes ``train_run`` redo what needs it)."""
+    from masr.runs import signature, train_run
+    from masr.runs.make import reusable
 
-    info = read_run_json(runs_dir / name) or {}
-    if (
-        info.get("status") == "finished"
-        and same_signature(info.get("signature"), signature(name, options, data.fingerprint))
-        and (runs_dir / name / "best.pt").is_file()
-    ):
+    def ok(run: str, say_why: Log | None = None) -> bool:
+        sig = signature(run, options, data.fingerprint)
+        return reusable(runs_dir / run, sig, say_why) is not None
+
+    # why the run itself is not reused is said here (train_run says it of the parts)
+    if ok(name, say) and all(ok(run) for run in plan(name)[:-1]):
         say(f"{runs_dir.name}/{name}: finished before, reused")
         return
     try:

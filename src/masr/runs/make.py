@@ -41,6 +41,8 @@ from masr.runs.store import (
     RUN_LOCK,
     UNFINISHED,
     clear,
+    earlier_parts,
+    intact_checkpoint,
     load_run,
     now,
     part_stamps,
@@ -167,7 +169,8 @@ def _make(
     # under torchrun only rank 0 writes, so only rank 0 locks
     lock = locked(run_dir / RUN_LOCK, "masr train") if world().is_main else nullcontext()
     with lock:
-        reused = None if target else _reused(run, run_dir, sig, log)  # made meanwhile?
+        # made meanwhile? (and if not reusable, why: said once, here)
+        reused = None if target else _reused(run, run_dir, sig, log, say_why=True)
         if reused is not None:
             return reused
         if world().is_main and remove_temp_entries(run_dir):
@@ -179,10 +182,13 @@ def _make(
         )
 
 
-def _reused(
-    run: str, run_dir: Path, sig: dict[str, Any], log: Callable[[str], None]
-) -> RunOutcome | None:
-    """The outcome of reusing run ``run`` when it finished with signature ``sig``, else None."""
+def reusable(
+    run_dir: Path, sig: dict[str, Any], say_why: Callable[[str], None] | None = None
+) -> dict[str, Any] | None:
+    """The run.json of the run in ``run_dir`` when it can be reused for signature ``sig``: it
+    finished with that signature, its best.pt is whole (``intact_checkpoint``) and the parts
+    it was made from are the ones there now (``earlier_parts``). Else None; ``say_why`` hears
+    why for a finished run of that signature that cannot be."""
     info = read_run_json(run_dir)
     if (
         info is None
@@ -190,6 +196,29 @@ def _reused(
         or not (run_dir / "best.pt").is_file()
         or not same_signature(info.get("signature"), sig)
     ):
+        return None
+    say = say_why or (lambda _msg: None)
+    if not intact_checkpoint(run_dir / "best.pt"):
+        say(f"{run_dir.name}: {run_dir / 'best.pt'} is damaged (cut short); making it again")
+        return None
+    newer = earlier_parts(run_dir, info)
+    if newer:
+        say(f"{run_dir.name}: made from an earlier {' and '.join(newer)} (trained again "
+            "since); making it again from the current one")
+        return None
+    return info
+
+
+def _reused(
+    run: str,
+    run_dir: Path,
+    sig: dict[str, Any],
+    log: Callable[[str], None],
+    say_why: bool = False,
+) -> RunOutcome | None:
+    """The outcome of reusing run ``run`` when it is ``reusable``, else None."""
+    info = reusable(run_dir, sig, log if say_why else None)
+    if info is None:
         return None
     best = info.get("best", {})
     log(f"{run}: reusing {run_dir} (same data and configuration)")

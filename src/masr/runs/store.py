@@ -137,6 +137,18 @@ def earlier_parts(run_dir: str | Path, info: dict[str, Any] | None = None) -> li
     ]
 
 
+def intact_checkpoint(path: str | Path) -> bool:
+    """Whether the checkpoint at ``path`` is whole as far as a cheap look can tell: torch.save
+    writes a zip archive whose directory comes last, so a file cut short (a full disk, a copy
+    stopped halfway) has none. The tensors themselves are checked only when loaded."""
+    import zipfile
+
+    try:
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False
+
+
 def part_stamp(run_dir: str | Path) -> dict[str, Any] | None:
     """What tells the weights in a run's best.pt apart, from its run.json: the best epoch and
     its validation figures. Recorded by the runs made from it (``made_from``: an APR run's
