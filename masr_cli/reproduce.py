@@ -116,7 +116,7 @@ def _dims(text: str) -> tuple[int, ...]:
     from masr.errors import MasrError
 
     try:
-        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+        sizes = tuple(int(part) for part in text.split(","))  # an empty part fails too
     except ValueError:
         raise MasrError(f"--dims {text}: expected sizes like 8,16,32,64") from None
     if len(set(sizes)) != len(sizes):

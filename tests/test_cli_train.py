@@ -803,6 +803,8 @@ def test_a_reader_says_when_a_run_is_being_trained_now(tmp_path: Path) -> None:
 
 def test_reproduce_refuses_a_size_given_twice() -> None:
     _fails(["reproduce", "--dims", "8,16,8"], "--dims 8,16,8", "twice")
+    _fails(["reproduce", "--dims", "8,,16"], "--dims 8,,16", "expected sizes like")
+    _fails(["reproduce", "--dims", "8,16,"], "--dims 8,16,", "expected sizes like")
 
 
 def test_recipe_paper_equals_the_options_its_help_names(tmp_path: Path) -> None:

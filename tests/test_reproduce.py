@@ -236,7 +236,9 @@ def test_analyze_dims_keys_each_run_by_its_embedding_size(
     assert embedding_size({"model_config": {"mdr": {"dim": 32}, "mass": {"dim": 64}}}) is None
 
 
-def test_reproduce_end_to_end_then_reuses_every_run(planted_dir: Path, tmp_path: Path) -> None:
+def test_reproduce_end_to_end_then_reuses_every_run(
+    planted_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "results"
     args = ["reproduce", "--data", str(planted_dir), "--out", str(out), "--time-limit", "5",
             "--epochs", "1", "--adv-epochs", "1", "--patience", "2", "--dims", "8,64",
@@ -300,6 +302,13 @@ def test_reproduce_end_to_end_then_reuses_every_run(planted_dir: Path, tmp_path:
     assert "masr: made from an earlier mdr" in fourth
     assert "main/mdr_us: trained" in fourth and "main/mass_ps: trained" in fourth
     assert set(json.loads((out / "table3.json").read_text())) >= {"mdr_us", "mass_ps"}
+    # without matplotlib: the tables, no PNGs (an earlier run's are not shown beside them)
+    import masr.figures
+
+    monkeypatch.setattr(masr.figures, "have_matplotlib", lambda: False)
+    fifth = _invoke(args)
+    assert "no PNG: matplotlib is not installed" in fifth
+    assert not list(out.glob("*.png")) and ".png)" not in (out / "report.md").read_text()
 
 
 def test_reproduce_budget_options() -> None:
@@ -311,6 +320,15 @@ def test_reproduce_budget_options() -> None:
         ReproduceConfig(patience=-1)
     with pytest.raises(MasrError, match="--time-limit"):
         ReproduceConfig(time_limit=-1)
+    from masr.config import TrainConfig
+
+    for bad in (math.inf, math.nan):  # inf was written to run.json as Infinity (not JSON)
+        with pytest.raises(MasrError, match="--time-limit must be a finite number of seconds"):
+            ReproduceConfig(time_limit=bad)
+        with pytest.raises(MasrError, match="--time-limit must be a finite number of seconds"):
+            TrainConfig(time_limit=bad)
+    with pytest.raises(MasrError, match=r"--dims must be sizes in \[1, 65,536\]"):
+        ReproduceConfig(dims=(8, 65537))  # before any training, as masr train --dim
     result = runner.invoke(app, ["reproduce", "--patience", "-1"])
     assert result.exit_code != 0 and "--patience" in result.output + result.stderr
     assert "Traceback" not in result.output + result.stderr
@@ -381,6 +399,15 @@ def test_an_interrupted_reproduce_says_how_to_go_on(
                                  str(tmp_path / "results"), "--device", "cpu"])
     assert result.exit_code == 130
     assert "the same `masr reproduce` command continues it" in result.stderr
+    # interrupted outside training (the test evaluation): the same line (QA: none was said)
+    import masr.reproduce
+
+    monkeypatch.setattr(masr.runs, "train_run", lambda *args, **kwargs: [])
+    monkeypatch.setattr(masr.reproduce, "_evaluate", interrupted)
+    result = runner.invoke(app, ["reproduce", "--data", str(planted_dir), "--out",
+                                 str(tmp_path / "results"), "--device", "cpu"])
+    assert result.exit_code == 130 and "test evaluation" in result.stderr
+    assert "the same `masr reproduce` command continues it" in result.stderr
 
 
 def test_a_run_interrupted_inside_reproduce_names_reproduce(
@@ -401,3 +428,34 @@ def test_a_run_interrupted_inside_reproduce_names_reproduce(
     run_lines = [line for line in result.stderr.splitlines() if "interrupted after" in line]
     assert run_lines and run_lines[0].endswith("the same `masr reproduce` command continues it")
     assert "masr train ... --resume" not in result.stderr
+
+
+def test_a_run_interrupted_in_its_first_epoch_inside_reproduce_names_reproduce(
+    planted_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Nothing saved yet: the run starts again with the same reproduce command (it said
+    `masr train` before), and the next reproduce does not offer a --resume it has not."""
+    import masr.train
+
+    real = masr.train.train_model
+    calls = []
+
+    def interrupted_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(masr.train, "train_model", interrupted_once)
+    out = str(tmp_path / "results")
+    args = ["reproduce", "--data", str(planted_dir), "--out", out, "--device", "cpu",
+            "--epochs", "1", "--adv-epochs", "1", "--no-baselines", "--dims", "8",
+            "--attention-cases", "0", "--time-limit", "2"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 130
+    assert ("mdr: interrupted in its first epoch (nothing saved to resume from); the same "
+            "`masr reproduce` command starts it again") in first.stderr
+    assert "masr train" not in first.stderr
+    second = runner.invoke(app, args)
+    assert second.exit_code == 0, second.stderr
+    assert "--resume" not in second.stderr

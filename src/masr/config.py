@@ -89,6 +89,16 @@ def _finite(x: float) -> bool:
 FLOAT32_MAX = 3.4028234663852886e38
 
 
+#: what --time-limit takes
+SECONDS_RULE = "must be a finite number of seconds >= 0 (0 = no limit)"
+
+
+def _seconds(x: float) -> bool:
+    """A time limit: finite and >= 0 (NaN and inf fail; inf would be written as Infinity, which
+    is not JSON)."""
+    return math.isfinite(x) and x >= 0
+
+
 def _finite32(x: float) -> bool:
     return math.isfinite(x) and abs(x) <= FLOAT32_MAX
 
@@ -225,7 +235,7 @@ class TrainConfig:
                 ),
                 ("--ema", 0 <= self.ema < 1 and _finite(self.ema), "must be in [0, 1) (0 = off)"),
                 ("--patience", self.patience >= 0, "must be >= 0 (0 turns early stopping off)"),
-                ("--time-limit", self.time_limit >= 0, "must be >= 0 seconds (0 = no limit)"),
+                ("--time-limit", _seconds(self.time_limit), SECONDS_RULE),
                 ("sort_window", self.sort_window >= 0, "must be >= 0"),
                 ("--batch-by", self.batch_by in BATCH_BY, f"must be one of {_list(BATCH_BY)}"),
                 ("--seed", 0 <= self.seed <= MAX_SEED, "must be in [0, 2^63 - 1]"),
@@ -684,11 +694,15 @@ class ReproduceConfig:
         self.dims = tuple(int(d) for d in self.dims)
         _raise_first(
             [
-                ("--time-limit", self.time_limit >= 0, "must be >= 0 seconds (0 = no limit)"),
+                ("--time-limit", _seconds(self.time_limit), SECONDS_RULE),
                 ("--epochs", self.epochs >= 1, "must be >= 1"),
                 ("--adv-epochs", self.adv_epochs >= 1, "must be >= 1"),
                 ("--patience", self.patience >= 0, "must be >= 0 (0 = never stop early)"),
-                ("--dims", bool(self.dims) and min(self.dims) >= 1, "must be sizes >= 1"),
+                (
+                    "--dims",
+                    bool(self.dims) and min(self.dims) >= 1 and max(self.dims) <= MAX_DIM,
+                    f"must be sizes in [1, {MAX_DIM:,}]",
+                ),
                 ("--dim-chain", self.dim_chain in ("masr", "amasr"), "must be masr or amasr"),
                 ("--full-sample", self.full_sample >= 0, "must be >= 0 (0 = every case)"),
                 ("--attention-cases", self.attention_cases >= 0, "must be >= 0"),

@@ -14,6 +14,9 @@ from typing import Any
 
 from masr.errors import MasrError
 
+#: what a command says when it writes its tables without their PNGs
+NO_MATPLOTLIB = "no PNG: matplotlib is not installed (pip install 'masr[plot]')"
+
 
 def have_matplotlib() -> bool:
     try:

@@ -78,10 +78,20 @@ def reproduce(
     log: Log | None = None,
 ) -> ReproduceResult:
     """Train and evaluate what Tables 2-4 and Figures 4-7 need; see the module docstring."""
+    say = log or (lambda _msg: None)
+    try:
+        return _reproduce(data_dir, out, config or ReproduceConfig(), say)
+    except KeyboardInterrupt:  # in training or not: the whole job goes on the same way
+        say("masr reproduce: interrupted; the same `masr reproduce` command continues it "
+            "(finished runs are reused, the interrupted one is trained again)")
+        raise
+
+
+def _reproduce(
+    data_dir: str | Path, out: str | Path, config: ReproduceConfig, say: Log
+) -> ReproduceResult:
     from masr.dataset import load_prepared
 
-    config = config or ReproduceConfig()
-    say = log or (lambda _msg: None)
     data, out = load_prepared(data_dir), Path(out)
     from masr.atomic import check_not_inside, check_output_dir
 
@@ -199,6 +209,10 @@ def reproduce(
 
     files = _write_tables(out, tables)
     files += _write_figures(out, tables, pairs)
+    from masr.figures import NO_MATPLOTLIB, have_matplotlib
+
+    if not have_matplotlib():
+        say(NO_MATPLOTLIB)
     report = _write_report(out, tables, stage.seconds, config, data.path)
     say(f"wrote {report} and {len(files)} tables and figures in {out}")
     return ReproduceResult(report, [report, *files], stage.seconds)
@@ -250,15 +264,9 @@ def _make(name: str, data: Any, runs_dir: Path, options: RunOptions, say: Log) -
     if ok(name, say) and all(ok(run) for run in plan(name)[:-1]):
         say(f"{runs_dir.name}/{name}: finished before, reused")
         return
-    try:
-        outcomes = train_run(
-            name, data, runs_dir, options, log=say,
-            resume_hint="the same `masr reproduce` command",
-        )
-    except KeyboardInterrupt:  # the run said how `masr train` goes on; the whole job too
-        say("masr reproduce: interrupted; the same `masr reproduce` command continues it "
-            "(finished runs are reused, the interrupted one is trained again)")
-        raise
+    outcomes = train_run(
+        name, data, runs_dir, options, log=say, resume_hint="the same `masr reproduce` command"
+    )
     for outcome in outcomes:
         say(f"{runs_dir.name}/{outcome.run}: {outcome.action} in {outcome.seconds:.1f} s")
 
@@ -334,11 +342,17 @@ def _write_tables(out: Path, tables: dict[str, Any]) -> list[Path]:
     return files
 
 
+#: the PNGs _write_figures writes
+FIGURES = ("fig4_hits.png", "fig5_dims.png", "fig6_attention.png", "fig7_speed.png")
+
+
 def _write_figures(out: Path, tables: dict[str, Any], pairs: list[Any]) -> list[Path]:
     from masr.figures import have_matplotlib, plot_attention, plot_dims, plot_epoch_seconds
     from masr.report import plot_hit_curves
 
-    if not have_matplotlib():
+    if not have_matplotlib():  # an earlier run's figures would show beside these tables
+        for name in FIGURES:
+            (out / name).unlink(missing_ok=True)
         return []
     speed = {run: v["seconds_per_epoch"] for run, v in tables["fig7_speed"].items()}
     return [

@@ -325,7 +325,8 @@ def _build(
         if not resume and info is not None and info.get("status") in UNFINISHED:
             done = len(info.get("history", []))
             log(f"{run}: starting again; the unfinished run in {run_dir} ({done} epoch(s)) is "
-                "replaced (--resume would have continued it)")
+                "replaced" + (" (--resume would have continued it)"
+                              if resume_hint == TRAIN_RESUME_HINT else ""))
         if info is not None and info.get("status") == "finished":
             # say so before a finished run (maybe hours of training) is overwritten
             changed = differences(made, sig)
@@ -392,8 +393,10 @@ def _build(
                 log(f"{run}: interrupted after {len(info['history'])} epoch(s); "
                     f"{resume_hint} continues it")
             elif stopped:  # no epoch saved: a new command starts it again, --resume or not
+                again = ("`masr train` with the same options" if resume_hint == TRAIN_RESUME_HINT
+                         else resume_hint)
                 log(f"{run}: interrupted in its first epoch (nothing saved to resume from); "
-                    "`masr train` with the same options starts it again")
+                    f"{again} starts it again")
         raise
     log(f"{run}: {stop_reason(result, train_cfg)}")
     # the full-ranking validation cases it ranked (a --time-limit may have cut them)
