@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +20,7 @@ from masr_cli._common import (
     governed,
     handle_errors,
     log_after,
+    log_line,
     unwrap,
 )
 
@@ -159,11 +161,9 @@ def attention(
     check_seed(seed, "--seed")
     _check_out(out)
     prepared = load_prepared(data)
-    thread_line = cpu_threads_line(threads, "cpu")
-    if thread_line:
-        console.print(thread_line)
+    log = log_after(cpu_threads_line(threads, "cpu"))
     pairs = attention_correlation(
-        prepared, _mass_runs(runs), split=split.value, max_cases=cases, seed=seed
+        prepared, _mass_runs(runs, log), split=split.value, max_cases=cases, seed=seed
     )
     labels = [p.label for p in pairs]
     # one row per run: keyed by its attention, or by its path where two runs share one
@@ -184,20 +184,27 @@ def attention(
     _wrote(out / "attention.json", maybe(plot_attention, panels, out / "attention.png"))
 
 
-def _mass_runs(paths: list[Path]) -> list[Path]:
+def _mass_runs(paths: list[Path], log: Callable[[str], None]) -> list[Path]:
     """``--runs`` of ``attention``: a run directory as given; a runs directory as the MASS
     runs in it (run.json's model "mass": MASS, AMASS, the Table 3 ablations; not the fusions,
-    which hold the same MASS parts)."""
+    which hold the same MASS parts). A run in it whose run.json is unreadable or not what
+    ``masr train`` writes is left out, with a line to ``log``."""
+    from masr.analyze import run_info
     from masr.errors import MasrError
-    from masr.runs import available_runs, read_run_json
+    from masr.runs import available_runs
 
     dirs: list[Path] = []
     for path in paths:
         if (path / "best.pt").is_file() or not path.is_dir():
             dirs.append(path)  # a run (or a missing path: attention_correlation says so)
             continue
-        found = [path / run for run in available_runs(path)
-                 if (read_run_json(path / run) or {}).get("model") == "mass"]
+        found = []
+        for run in available_runs(path):
+            info, problem = run_info(path / run)
+            if problem is not None:
+                log(problem)
+            elif (info or {}).get("model") == "mass":
+                found.append(path / run)
         if not found:
             raise MasrError(f"--runs {path}: no best.pt, and no MASS run in it (give run "
                             "directories, runs/<run>, or a runs directory with a MASS run)")
@@ -252,7 +259,7 @@ def speed(
     for path in runs:
         dirs += [path] if (path / "run.json").is_file() else sorted(p for p in path.iterdir()
                                                                      if p.is_dir())
-    table = epoch_seconds(dirs)
+    table = epoch_seconds(dirs, log_line)
     if not table:
         raise MasrError(f"--runs {', '.join(map(str, runs))}: no trained run with epochs")
     _out_folder(out)

@@ -251,17 +251,77 @@ def attention_correlation(
     return out
 
 
-def epoch_seconds(run_dirs: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _shape_problem(info: object) -> str | None:
+    """What makes a parsed run.json not what ``masr train`` writes, in the fields the
+    analyses read (model, status, model_config and its dims, history, processes); None when
+    they are all of the right kind."""
+    if not isinstance(info, dict):
+        return "not a JSON object"
+    for key in ("run", "model", "procedure", "status"):
+        if key in info and not isinstance(info[key], str):
+            return f"{key} is not a name"
+    config = info.get("model_config")
+    if config is not None:
+        if not isinstance(config, dict):
+            return "model_config is not an object"
+        for part in [config, *(v for v in config.values() if isinstance(v, dict))]:
+            if "dim" in part and not _is_count(part["dim"]):
+                return "model_config's dim is not a whole number above 0"
+    history = info.get("history", [])
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        return "history is not a list of epochs"
+    for epoch in history:
+        seconds = epoch.get("train_seconds", 0.0)
+        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+                or not np.isfinite(seconds) or seconds < 0):
+            return "history's train_seconds is not a number of seconds"
+    if "processes" in info and not _is_count(info["processes"]):
+        return "processes is not a whole number above 0"
+    return None
+
+
+def run_info(run_dir: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(run.json, None)`` of a run; ``(None, None)`` when it has none (a folder that is no
+    run, or a run made elsewhere); ``(None, why)`` when it is unreadable or not what ``masr
+    train`` writes: ``why`` is the warning line of a run that the analyses leave out."""
+    import json
+
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        return None, None
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else " ".join(str(exc).split())
+        return None, f"warning: {path}: unreadable ({reason}); {Path(run_dir)} left out"
+    problem = _shape_problem(info)
+    if problem is not None:
+        return None, (f"warning: {path}: not what `masr train` writes ({problem}); "
+                      f"{Path(run_dir)} left out")
+    return info, None
+
+
+def epoch_seconds(
+    run_dirs: Sequence[str | Path], log: Any = None
+) -> dict[str, dict[str, Any]]:
     """Figure 7: {run: {"seconds_per_epoch", "epochs", "model", "procedure", "device",
     "processes"}} from each run.json's history (training time only, validation excluded;
     "processes": torchrun's data-parallel processes, 1 for runs that did not record it); runs
-    without a gradient-training history (fitted, fused) are left out."""
-    from masr.runs.store import read_run_json
-
+    without a gradient-training history (fitted, fused) are left out, and so are runs whose
+    run.json is unreadable or not what ``masr train`` writes (with a line to ``log``)."""
+    say = log or (lambda _msg: None)
     out: dict[str, dict[str, Any]] = {}
     dirs = [Path(d) for d in run_dirs]
     for key, run_dir in zip(run_keys(dirs), dirs, strict=True):
-        info = read_run_json(run_dir) or {}
+        info, problem = run_info(run_dir)
+        if problem is not None:
+            say(problem)
+            continue
+        info = info or {}
         times = [h["train_seconds"] for h in info.get("history", []) if "train_seconds" in h]
         if not times:
             continue
@@ -292,6 +352,8 @@ def embedding_size(info: dict[str, Any]) -> int | None:
     ``dim`` its parts share; None for runs without one (popularity, item-kNN) or a fusion of
     parts of different sizes."""
     config = info.get("model_config") or {}
+    if not isinstance(config, dict):
+        return None
     if "dim" in config:
         return int(config["dim"])
     parts = [part for part in config.values() if isinstance(part, dict) and "dim" in part]
@@ -315,7 +377,7 @@ def quality_by_dim(
     or one run directory. Runs without an embedding size are left out (logged); the same run
     at the same d in two entries is an error, since the figure would have to drop one."""
     from masr.report import evaluate_runs, to_jsonable
-    from masr.runs.store import available_runs, read_run_json
+    from masr.runs.store import available_runs
 
     say = log or (lambda _msg: None)
     # every entry is read and checked before anything is evaluated (evaluation is the cost)
@@ -332,7 +394,14 @@ def quality_by_dim(
         seen.update(found)
         sized: dict[str, int] = {}
         for run in found if "all" in names else [n for n in found if n in names]:
-            d = embedding_size(read_run_json(runs_dir / run) or {})
+            info, problem = run_info(runs_dir / run)
+            if problem is not None:
+                say(problem)
+                continue
+            if info is None:
+                say(f"{runs_dir / run}: no run.json (its embedding size), left out")
+                continue
+            d = embedding_size(info)
             if d is None:
                 say(f"{runs_dir / run}: no embedding size, left out")
                 continue

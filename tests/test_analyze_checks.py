@@ -1,0 +1,86 @@
+"""`masr analyze` on runs and folders it must not trust: damaged run.json, --out inside
+prepared data or where nothing can be made, runs of other data, unfinished or repeated runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import write_planted
+from typer.testing import CliRunner
+
+from masr_cli.main import app
+
+runner = CliRunner()
+
+
+def _ok(args: list[str]) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    return " ".join(result.stderr.split())  # rich wraps long lines
+
+
+def _fails(args: list[str], *fragments: str) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, (result.stdout, result.stderr, result.exception)
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("masr: error: ") and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in " ".join(result.stderr.split()), result.stderr
+    return line
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(prepared data, runs folder with mdr, mass, and runs-dot/mass of attention mem-dot)."""
+    root = tmp_path_factory.mktemp("analyze")
+    data = write_planted(root / "data")
+    common = ["--data", str(data), "--epochs", "1", "--dim", "8", "--device", "cpu",
+              "--threads", "1"]
+    for model in ("mdr", "mass"):
+        _ok(["train", "--model", model, "--runs", str(root / "runs"), *common])
+    _ok(["train", "--model", "mass", "--runs", str(root / "runs-dot"), "--set",
+         "attention=mem-dot", *common])
+    return data, root / "runs"
+
+
+def _copy_runs(runs: Path, to: Path) -> Path:
+    shutil.copytree(runs, to)
+    return to
+
+
+def _edit_run_json(run_dir: Path, **fields: object) -> None:
+    info = json.loads((run_dir / "run.json").read_text())
+    info.update(fields)
+    (run_dir / "run.json").write_text(json.dumps(info))
+
+
+def test_a_damaged_run_json_is_left_out_with_its_cause(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    data, runs = trained
+    bad = _copy_runs(runs, tmp_path / "bad")
+    _edit_run_json(bad / "mdr", model_config="abc")  # was AttributeError in dims
+    _edit_run_json(bad / "mass", history=5)  # was TypeError in speed
+    out = tmp_path / "analysis"
+    common = ["--data", str(data), "--out", str(out), "--device", "cpu", "--full-sample", "10"]
+    log = _ok(["analyze", "dims", "--runs", str(bad), "--runs", str(runs), *common])
+    assert f"{bad / 'mdr' / 'run.json'}: not what `masr train` writes (model_config is not an " \
+           f"object); {bad / 'mdr'} left out" in log
+    assert f"{bad / 'mass'}: no embedding size" not in log
+    assert set(json.loads((out / "dims.json").read_text())) == {"mdr", "mass"}
+    log = _ok(["analyze", "speed", "--runs", str(bad), "--runs", str(runs), "--out", str(out)])
+    assert "(history is not a list of epochs)" in log and f"{bad / 'mass'} left out" in log
+    assert set(json.loads((out / "speed.json").read_text())) == {"runs/mass", "runs/mdr"}
+    # unreadable: said, not "no embedding size" (dims) nor nothing (speed, attention)
+    (bad / "mass" / "run.json").write_text("{oops")
+    (bad / "mdr" / "run.json").write_text("[1, 2]")
+    log = _ok(["analyze", "dims", "--runs", str(bad), "--runs", str(runs), *common])
+    assert f"{bad / 'mass' / 'run.json'}: unreadable (" in log
+    assert "(not a JSON object)" in log and "no embedding size" not in log
+    log = _ok(["analyze", "speed", "--runs", str(bad), "--runs", str(runs), "--out", str(out)])
+    assert f"{bad / 'mass' / 'run.json'}: unreadable (" in log
+    _fails(["analyze", "attention", "--data", str(data), "--runs", str(bad), "--out", str(out),
+            "--bootstrap", "0"], f"{bad / 'mass' / 'run.json'}: unreadable (", "no MASS run in it")
