@@ -84,3 +84,14 @@ def test_a_damaged_run_json_is_left_out_with_its_cause(
     assert f"{bad / 'mass' / 'run.json'}: unreadable (" in log
     _fails(["analyze", "attention", "--data", str(data), "--runs", str(bad), "--out", str(out),
             "--bootstrap", "0"], f"{bad / 'mass' / 'run.json'}: unreadable (", "no MASS run in it")
+
+
+def test_out_inside_prepared_data_is_refused(trained: tuple[Path, Path], tmp_path: Path) -> None:
+    data, runs = trained
+    other = write_planted(tmp_path / "other-data", seed=1)  # any prepared folder, not --data
+    for out in (data / "analysis", data, other / "deep" / "analysis"):
+        for args in (["dims", "--data", str(data), "--device", "cpu"],
+                     ["attention", "--data", str(data)], ["speed"]):
+            _fails(["analyze", *args, "--runs", str(runs), "--out", str(out)],
+                   f"--out {out}: inside the prepared data folder", "choose a folder beside it")
+    assert not (data / "analysis").exists() and not (other / "deep").exists()

@@ -336,6 +336,23 @@ def epoch_seconds(
     return out
 
 
+def check_out_folder(out: str | Path, data: str | Path | None = None) -> None:
+    """Refuse (MasrError), before any work, an analysis ``--out`` folder that cannot hold its
+    JSON and PNG: a file, a path below a file, the prepared data folder ``data`` or one inside
+    it, or any folder that is or lies inside a folder holding a ``masr prep`` manifest.json
+    (``masr prep`` replaces such a folder whole, the analysis with it)."""
+    from masr.atomic import check_not_inside, check_output_dir
+    from masr.dataset import MANIFEST
+
+    check_output_dir(out, "--out", "analyze writes a folder (JSON and PNG)")
+    if data is not None:
+        check_not_inside(out, data, "--out")
+    target = Path(out).resolve()
+    for folder in (target, *target.parents):
+        if (folder / MANIFEST).is_file():
+            check_not_inside(out, folder, "--out")
+
+
 def run_keys(run_dirs: Sequence[Path]) -> list[str]:
     """A name per run directory: the run's name ("mass"), "<runs>/<run>" where two runs of the
     list share a name (runs/mass, runs-dot/mass), the whole path where even that repeats."""
