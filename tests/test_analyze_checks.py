@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import write_planted
 from typer.testing import CliRunner
 
@@ -95,3 +96,28 @@ def test_out_inside_prepared_data_is_refused(trained: tuple[Path, Path], tmp_pat
             _fails(["analyze", *args, "--runs", str(runs), "--out", str(out)],
                    f"--out {out}: inside the prepared data folder", "choose a folder beside it")
     assert not (data / "analysis").exists() and not (other / "deep").exists()
+
+
+def test_dims_checks_every_run_and_the_out_folder_before_evaluating(
+    trained: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import masr.report
+
+    data, runs = trained
+    elsewhere = tmp_path / "d16"
+    shutil.copytree(runs / "mdr", elsewhere / "mdr")
+    _edit_run_json(elsewhere / "mdr", model_config={"dim": 16})
+    ckpt = torch.load(elsewhere / "mdr" / "best.pt", weights_only=True)
+    ckpt["data_fingerprint"] = "0123456789abcdef"  # as if trained on other prepared data
+    torch.save(ckpt, elsewhere / "mdr" / "best.pt")
+    evaluated: list[object] = []
+    monkeypatch.setattr(masr.report, "evaluate_runs",
+                        lambda *a, **k: evaluated.append(a) or {})
+    common = ["analyze", "dims", "--data", str(data), "--device", "cpu", "--model", "mdr"]
+    _fails([*common, "--runs", str(runs), "--runs", str(elsewhere), "--out",
+            str(tmp_path / "analysis")],
+           f"{elsewhere / 'mdr' / 'best.pt'}: trained on other prepared data")
+    if Path("/proc").is_dir():
+        _fails([*common, "--runs", str(runs), "--out", "/proc/x"],
+               "--out /proc/x: nothing can be made in /proc")
+    assert evaluated == []  # both found before any evaluation

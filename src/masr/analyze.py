@@ -340,7 +340,10 @@ def check_out_folder(out: str | Path, data: str | Path | None = None) -> None:
     """Refuse (MasrError), before any work, an analysis ``--out`` folder that cannot hold its
     JSON and PNG: a file, a path below a file, the prepared data folder ``data`` or one inside
     it, or any folder that is or lies inside a folder holding a ``masr prep`` manifest.json
-    (``masr prep`` replaces such a folder whole, the analysis with it)."""
+    (``masr prep`` replaces such a folder whole, the analysis with it), or a place where no
+    folder or file can be made (``/proc/x``, a read-only disk)."""
+    import tempfile
+
     from masr.atomic import check_not_inside, check_output_dir
     from masr.dataset import MANIFEST
 
@@ -351,6 +354,14 @@ def check_out_folder(out: str | Path, data: str | Path | None = None) -> None:
     for folder in (target, *target.parents):
         if (folder / MANIFEST).is_file():
             check_not_inside(out, folder, "--out")
+    existing = next(folder for folder in (target, *target.parents) if folder.is_dir())
+    try:  # what the write will need: a new entry in the nearest folder there is
+        Path(tempfile.mkdtemp(prefix=".masr-check.", suffix=".tmp", dir=existing)).rmdir()
+    except OSError as exc:
+        raise MasrError(
+            f"--out {out}: nothing can be made in {existing} ({exc.strerror or exc}); "
+            "choose another --out"
+        ) from None
 
 
 def run_keys(run_dirs: Sequence[Path]) -> list[str]:
@@ -393,11 +404,13 @@ def quality_by_dim(
     ("all" = every run) in each entry of ``runs``: a runs directory (e.g. one per ``--dim``)
     or one run directory. Runs without an embedding size are left out (logged); the same run
     at the same d in two entries is an error, since the figure would have to drop one."""
+    from masr.checkpoint import load_checkpoint
     from masr.report import evaluate_runs, to_jsonable
     from masr.runs.store import available_runs
 
     say = log or (lambda _msg: None)
-    # every entry is read and checked before anything is evaluated (evaluation is the cost)
+    # every entry is read and checked before anything is evaluated (evaluation is the cost):
+    # each run's run.json, and the prepared data its best.pt was trained on
     plan: list[tuple[Path, dict[str, int]]] = []
     placed: dict[tuple[str, int], Path] = {}
     seen: set[str] = set()
@@ -426,6 +439,13 @@ def quality_by_dim(
                 raise MasrError(
                     f"{run} at d={d} is in two --runs entries ({placed[run, d]} and "
                     f"{runs_dir / run}); give one runs directory per embedding size"
+                )
+            best = runs_dir / run / "best.pt"
+            trained_on = load_checkpoint(best).get("data_fingerprint")
+            if trained_on != data.fingerprint:
+                raise MasrError(
+                    f"{best}: trained on other prepared data (fingerprint {trained_on}, "
+                    f"{data.path} has {data.fingerprint}); retrain or pass the matching --data"
                 )
             placed[run, d] = runs_dir / run
             sized[run] = d
