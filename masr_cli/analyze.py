@@ -134,7 +134,14 @@ def attention(
     (P(k) P(t)) over the training playlists, turned into a distribution over the members by a
     softmax (the paper's PMI attentive scores). Each run's MASS gives its attention weights
     (eq. 18) to the same members for the same song; the JSON holds Pearson's rho per run and
-    the PNG one scatter per run, as the paper's Figure 6.
+    the PNG one scatter per run, as the paper's Figure 6. A run given twice is analysed once;
+    an unfinished run is analysed with a warning; a run whose run.json is unreadable or not
+    what masr train writes is left out with a warning.
+
+    The JSON is keyed by each run's attention label (mem-metric, mem-dot, "mem-metric
+    (user+playlist)") when no two runs share one; otherwise every run is keyed by its name as
+    in analyze speed (mass; runs-dot/mass where two runs share a name; the whole path where
+    even that repeats). Each row holds the run's path ("run") and label ("attention").
 
     Both sides sum to 1 over a playlist's members, so the pooled rho also rewards weights
     that only follow the member count (equal weights, --set attention=none, score well on
@@ -147,7 +154,7 @@ def attention(
 
       masr analyze attention --runs runs    # every MASS run in it
     """
-    from masr.analyze import attention_correlation, rho_text
+    from masr.analyze import attention_correlation, attention_keys, rho_text
     from masr.atomic import atomic_file
     from masr.dataset import load_prepared
     from masr.errors import MasrError
@@ -163,13 +170,11 @@ def attention(
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, "cpu"))
     pairs = attention_correlation(
-        prepared, _mass_runs(runs, log), split=split.value, max_cases=cases, seed=seed
+        prepared, _mass_runs(runs, log), split=split.value, max_cases=cases, seed=seed, log=log
     )
-    labels = [p.label for p in pairs]
-    # one row per run: keyed by its attention, or by its path where two runs share one
-    rows = [p.summary(bootstrap, seed) for p in pairs]
-    table = {(p.label if labels.count(p.label) == 1 else p.run): row
-             for p, row in zip(pairs, rows, strict=True)}
+    keys = attention_keys(pairs)
+    rows = [{"attention": p.label, **p.summary(bootstrap, seed)} for p in pairs]
+    table = dict(zip(keys, rows, strict=True))
     _out_folder(out)
     with atomic_file(out / "attention.json", "w") as fh:
         json.dump(table, fh, indent=2)
@@ -179,8 +184,9 @@ def attention(
         console.print(f"{p.run} ({p.label}): rho = {rho_text(row, 'pearson', constant)}, "
                       f"within cases {rho_text(row, 'pearson_within', constant)}, over "
                       f"{len(p.pmi)} members")
-    panels = {f"{p.label}\n{Path(p.run).parent.name}/{Path(p.run).name}":
-              (p.pmi.tolist(), p.weight.tolist(), p.pearson, p.pearson_within) for p in pairs}
+    panels = {key if key == p.label else f"{p.label}\n{key}":
+              (p.pmi.tolist(), p.weight.tolist(), p.pearson, p.pearson_within)
+              for key, p in zip(keys, pairs, strict=True)}
     _wrote(out / "attention.json", maybe(plot_attention, panels, out / "attention.png"))
 
 

@@ -121,3 +121,32 @@ def test_dims_checks_every_run_and_the_out_folder_before_evaluating(
         _fails([*common, "--runs", str(runs), "--out", "/proc/x"],
                "--out /proc/x: nothing can be made in /proc")
     assert evaluated == []  # both found before any evaluation
+
+
+def test_attention_warns_dedupes_and_keys_one_way(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    data, runs = trained
+    copy = _copy_runs(runs, tmp_path / "copy")
+    _edit_run_json(copy / "mass", status="interrupted")
+    out = tmp_path / "analysis"
+    common = ["analyze", "attention", "--data", str(data), "--out", str(out), "--cases", "0",
+              "--bootstrap", "0"]
+    dot = runs.parent / "runs-dot" / "mass"
+    log = _ok([*common, "--runs", str(copy / "mass"), "--runs", str(copy / "mass") + "/",
+               "--runs", str(dot)])
+    assert f"warning: {copy / 'mass'} is not finished (interrupted, after 1 epoch(s))" in log
+    assert log.count(f"{copy / 'mass'} (mem-metric): rho") == 1  # given twice, analysed once
+    table = json.loads((out / "attention.json").read_text())
+    assert set(table) == {"mem-metric", "mem-dot"}  # distinct labels: keyed by label
+    # two runs share a label: every key is the run's name, none a label
+    _ok([*common, "--runs", str(runs / "mass"), "--runs", str(copy / "mass"), "--runs",
+         str(dot)])
+    table = json.loads((out / "attention.json").read_text())
+    assert set(table) == {"runs/mass", "copy/mass", "runs-dot/mass"}
+    assert table["runs-dot/mass"]["attention"] == "mem-dot"
+    assert table["copy/mass"]["run"] == str(copy / "mass")
+    # a run given by its own folder with a damaged run.json: left out, with the cause
+    (copy / "mass" / "run.json").write_text("{oops")
+    _fails([*common, "--runs", str(copy / "mass")], f"{copy / 'mass' / 'run.json'}: unreadable (",
+           "no run left to analyse")

@@ -208,13 +208,42 @@ def attention_correlation(
     max_cases: int = 500,
     seed: int = 0,
     device: str = "cpu",
+    log: Any = None,
 ) -> list[AttentionPairs]:
     """Figure 6: for each run directory (``runs/<run>``, a MASS run or a fusion), the PMI
-    attentive scores and the model's attention weights of the same member slots."""
+    attentive scores and the model's attention weights of the same member slots. A run given
+    twice (the same folder) is analysed once; a run whose run.json is unreadable or not what
+    ``masr train`` writes is left out, and an unfinished one analysed, each with a line to
+    ``log`` (``masr.runs.store.run_warnings``). Every run is checked before the work."""
     import torch
 
     from masr.checkpoint import load_model
     from masr.models.base import Batch
+    from masr.runs.store import run_warnings
+
+    say = log or (lambda _msg: None)
+    models: list[tuple[Path, Recommender]] = []
+    seen: set[Path] = set()
+    for run_dir in map(Path, run_dirs):
+        if run_dir.resolve() in seen:
+            continue
+        seen.add(run_dir.resolve())
+        path = run_dir / "best.pt"
+        if not path.is_file():
+            raise MasrError(f"--runs {run_dir}: no best.pt (give run directories, runs/<run>)")
+        _info, problem = run_info(run_dir)
+        if problem is not None:
+            say(problem)
+            continue
+        for note in run_warnings(run_dir):
+            say(note)
+        model, ckpt = load_model(path, device)
+        if ckpt.get("data_fingerprint") != data.fingerprint:
+            raise MasrError(f"{path}: trained on other prepared data than {data.path}")
+        mass_part(model)  # a model without attention: one error line before the work
+        models.append((run_dir, model))
+    if not models:
+        raise MasrError("--runs: no run left to analyse (see the warnings above)")
 
     cases, members_of, scores_of = pmi_attentive_scores(data, split, max_cases, seed)
     if len(cases) == 0:
@@ -236,13 +265,7 @@ def attention_correlation(
     pmi = np.concatenate(scores_of)
     case = np.repeat(np.arange(len(cases)), mask.sum(axis=1))  # row-major, as alpha[mask]
     out = []
-    for run_dir in map(Path, run_dirs):
-        path = run_dir / "best.pt"
-        if not path.is_file():
-            raise MasrError(f"--runs {run_dir}: no best.pt (give run directories, runs/<run>)")
-        model, ckpt = load_model(path, device)
-        if ckpt.get("data_fingerprint") != data.fingerprint:
-            raise MasrError(f"{path}: trained on other prepared data than {data.path}")
+    for run_dir, model in models:
         mass = mass_part(model).eval()
         with torch.no_grad():
             alpha = mass.attention(batch, songs)[:, 0].cpu().numpy()  # (B, L), eq. 18
@@ -373,6 +396,16 @@ def run_keys(run_dirs: Sequence[Path]) -> list[str]:
         name if names.count(name) == 1 else two if longer.count(two) == 1 else str(d)
         for d, name, two in zip(run_dirs, names, longer, strict=True)
     ]
+
+
+def attention_keys(pairs: Sequence[AttentionPairs]) -> list[str]:
+    """The keys of ``analyze attention``'s JSON, of one kind within one output: each run's
+    attention label ("mem-metric", "mem-dot (user+playlist)") when no two runs share one,
+    otherwise each run's name as ``run_keys`` gives it ("mass", "runs-dot/mass", the path)."""
+    labels = [p.label for p in pairs]
+    if len(set(labels)) == len(labels):
+        return labels
+    return run_keys([Path(p.run) for p in pairs])
 
 
 def embedding_size(info: dict[str, Any]) -> int | None:
