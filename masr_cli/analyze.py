@@ -29,6 +29,8 @@ HELP = """Analyses of trained runs, each a JSON table and a PNG: dims (Figure 5)
 (Figure 6) and speed (Figure 7)."""
 
 Split = choices("Split", SPLITS)
+#: the most --bootstrap resamples (each recomputes both rho over every case)
+MAX_BOOTSTRAP = 100_000
 
 
 def dims(
@@ -124,7 +126,7 @@ def attention(
     bootstrap: Annotated[
         int,
         typer.Option(help="Resamples of the cases (with --seed) for the standard errors of rho "
-                     "(pearson_se, pearson_within_se); 0 = none."),
+                     f"(pearson_se, pearson_within_se): 0 = none, else 2 to {MAX_BOOTSTRAP:,}."),
     ] = 200,
     threads: Threads = 0,
 ) -> None:
@@ -163,8 +165,9 @@ def attention(
 
     if cases < 0:
         raise MasrError("--cases must be >= 0 (0 = every case)")
-    if bootstrap < 0 or bootstrap == 1:
-        raise MasrError("--bootstrap must be 0 (no standard errors) or at least 2")
+    if bootstrap < 0 or bootstrap == 1 or bootstrap > MAX_BOOTSTRAP:
+        raise MasrError(f"--bootstrap {bootstrap}: must be 0 (no standard errors) or from 2 to "
+                        f"{MAX_BOOTSTRAP:,} resamples")
     check_seed(seed, "--seed")
     _check_out(out, data)
     prepared = load_prepared(data)

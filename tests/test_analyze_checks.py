@@ -150,3 +150,11 @@ def test_attention_warns_dedupes_and_keys_one_way(
     (copy / "mass" / "run.json").write_text("{oops")
     _fails([*common, "--runs", str(copy / "mass")], f"{copy / 'mass' / 'run.json'}: unreadable (",
            "no run left to analyse")
+
+
+def test_attention_bootstrap_has_an_upper_bound(trained: tuple[Path, Path], tmp_path: Path) -> None:
+    data, runs = trained
+    for n in ("100001", "99999999999999999999"):  # the old code ran (or hung on) each
+        line = _fails(["analyze", "attention", "--data", str(data), "--runs", str(runs / "mass"),
+                       "--out", str(tmp_path / "a"), "--cases", "3", "--bootstrap", n])
+        assert f"--bootstrap {n}: must be 0 (no standard errors) or from 2 to 100,000" in line
