@@ -80,11 +80,15 @@ def governed(threads: int, device: str, log: Callable[[str], None] | None) -> An
     CPU its training and evaluation loops keep the thread count at the free cores while they
     run (``masr.system.governed_threads``), saying each change through ``log``; otherwise
     nothing."""
-    if threads or device == "cuda":
+    if threads:
         return nullcontext()
     import torch
 
     from masr.system import governed_threads
+    from masr.train import resolve_device
+
+    if resolve_device(device).type == "cuda":  # "auto" on a GPU machine too
+        return nullcontext()
 
     return governed_threads(torch.get_num_threads(), log)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -194,27 +195,30 @@ def test_sigterm_unwinds_like_ctrl_c_and_exits_143() -> None:
 
 
 class _Machine:
-    """Scripted /proc/stat and process CPU time for ThreadGovernor: each look advances the
-    clock by one second, in which the two cores are busy ``busy`` of it and this process used
-    ``own`` cores' worth."""
+    """Scripted /proc/stat and CPU time of this process tree for ThreadGovernor: each
+    ``second`` advances the clock by ``seconds`` (default 1), in which the ``cores`` cores
+    are busy ``busy`` cores' worth and this process used ``own`` cores' worth."""
 
-    def __init__(self, monkeypatch, busy: float, own: float) -> None:
-        self.busy, self.own = busy, own
-        self.t, self.cpu, self.ticks = 0.0, 0.0, {0: [0, 0], 1: [0, 0]}
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    def __init__(self, monkeypatch, busy: float, own: float, cores: int = 2,
+                 seconds: float = 1.0) -> None:
+        self.busy, self.own, self.n, self.seconds = busy, own, cores, seconds
+        self.t, self.cpu = 0.0, 0.0
+        self.ticks = {c: [0, 0] for c in range(cores)}
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)),
+                            raising=False)
         monkeypatch.setattr(masr.system, "_core_ticks", self.look)
         monkeypatch.setattr(masr.system.time, "monotonic", lambda: self.t)
-        monkeypatch.setattr(masr.system.time, "process_time", lambda: self.cpu)
+        monkeypatch.setattr(masr.system, "_tree_cpu_seconds", lambda: self.cpu)
 
     def look(self, cores: set[int]) -> dict[int, tuple[int, int]]:
         return {c: (total, idle) for c, (total, idle) in self.ticks.items() if c in cores}
 
     def second(self) -> None:
-        self.t += 1.0
-        self.cpu += self.own
-        for tick in self.ticks.values():  # the busy share spread evenly over the two cores
-            tick[0] += 100
-            tick[1] += round(100 * (1 - self.busy / 2))
+        self.t += self.seconds
+        self.cpu += self.own * self.seconds
+        for tick in self.ticks.values():  # the busy share spread evenly over the cores
+            tick[0] += round(100 * self.seconds)
+            tick[1] += round(100 * self.seconds * (1 - self.busy / self.n))
 
 
 @pytest.fixture
@@ -264,6 +268,7 @@ def test_governor_counts_only_other_work(
     monkeypatch, torch_threads, threads: int, busy: float, own: float, want: int
 ) -> None:
     machine = _Machine(monkeypatch, busy=busy, own=own)
+    torch_threads.set_num_threads(threads)
     with governed_threads(threads, every=1.0) as governor:
         for _ in range(3):
             machine.second()
@@ -319,3 +324,92 @@ def test_train_and_evaluate_leave_cores_other_work_takes(
     quiet = runner.invoke(app, ["evaluate", *runs, "--threads", "2"])
     assert quiet.exit_code == 0 and "CPU threads" not in quiet.stderr
     assert torch_threads.get_num_threads() == 2
+
+
+def test_governor_on_four_cores_steps_through_few_counts(monkeypatch, torch_threads) -> None:
+    """Windows of 2 s (own CPU seconds over wall seconds); counts 1, 2, 4 only (each count is
+    one more compiled version of MASS's scores); a raise needs its free windows in a row."""
+    from masr.system import thread_levels
+
+    assert thread_levels(4) == [1, 2, 4] and thread_levels(6) == [1, 2, 4, 6]
+    assert thread_levels(1) == [1] and thread_levels(48) == [1, 2, 4, 8, 16, 32, 48]
+    machine = _Machine(monkeypatch, busy=4.0, own=2.5, cores=4, seconds=2.0)
+    said: list[str] = []
+    torch_threads.set_num_threads(4)
+    with governed_threads(4, said.append, every=2.0) as governor:
+        machine.second()
+        poll_threads()  # 1.5 cores taken: 2.5 left, so 2 threads (3 is no level)
+        assert governor.threads == 2 == torch_threads.get_num_threads()
+        assert said == ["CPU threads 4 -> 2: other work keeps 1.5 of 4 core(s) busy"]
+        machine.busy, machine.own = 2.0, 2.0  # the other work ended
+        machine.second()
+        poll_threads()
+        machine.busy, machine.own = 3.0, 2.0  # a burst: not free, the count of free resets
+        machine.second()
+        poll_threads()
+        machine.busy = 2.0
+        machine.second()
+        poll_threads()
+        assert governor.threads == 2  # one free window since the burst: two needed
+        machine.second()
+        poll_threads()
+        assert governor.threads == 4 and said[-1].startswith("CPU threads 2 -> 4")
+
+
+def test_governor_follows_a_count_set_elsewhere(monkeypatch, torch_threads) -> None:
+    machine = _Machine(monkeypatch, busy=1.0, own=1.0)
+    torch_threads.set_num_threads(2)
+    with governed_threads(2, every=1.0) as governor:
+        torch_threads.set_num_threads(1)  # e.g. an inner block, or the library's user
+        for _ in range(3):
+            machine.second()
+            poll_threads()
+        assert governor.threads == 2 == torch_threads.get_num_threads()  # free: back up
+
+
+def test_child_processes_count_as_this_process() -> None:
+    """torch.compile's workers are child processes: their CPU time is this process's, not
+    other work's (QA: a compile read as other work and dropped a thread)."""
+    from masr.system import _tree_cpu_seconds
+
+    before = _tree_cpu_seconds()
+    if before is None:
+        pytest.skip("no /proc here")
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nend = time.process_time() + 0.6\n"
+                              "while time.process_time() < end: pass\ntime.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while _tree_cpu_seconds() - before < 0.5 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the child is still running: it counts while alive
+        assert _tree_cpu_seconds() - before >= 0.5
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_training_steps_and_evaluation_batches_poll_the_governor(
+    monkeypatch, tmp_path
+) -> None:
+    from conftest import write_planted
+    from typer.testing import CliRunner
+
+    import masr.evaluate
+    import masr.train
+    from masr_cli.main import app
+
+    polls = {"train": 0, "evaluate": 0}
+
+    def counter(where: str):
+        def poll() -> None:
+            polls[where] += 1
+        return poll
+
+    monkeypatch.setattr(masr.train, "poll_threads", counter("train"))
+    monkeypatch.setattr(masr.evaluate, "poll_threads", counter("evaluate"))
+    data = write_planted(tmp_path / "data")  # 216 training rows: 27 steps of 8 an epoch
+    said = CliRunner().invoke(app, ["train", "--model", "mdr", "--epochs", "2", "--dim", "8",
+                                    "--batch-size", "8", "--threads", "1", "--data", str(data),
+                                    "--runs", str(tmp_path / "runs")])
+    assert said.exit_code == 0, said.stderr
+    assert polls["train"] >= 2 * 27 and polls["evaluate"] >= 2 * 2, polls

@@ -102,22 +102,56 @@ def cpu_threads(requested: int = 0) -> tuple[int, str]:
     )
 
 
+def _tree_cpu_seconds() -> float | None:
+    """CPU seconds of this process (every thread), of the processes it started that still run
+    (torch.compile's workers, their compilers: /proc/<pid>/task/<tid>/children, recursively)
+    and of those already waited for (cutime, cstime). None where /proc cannot be read."""
+    tick = os.sysconf("SC_CLK_TCK")
+    ticks, todo, seen = 0, [os.getpid()], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()  # after "pid (name)"
+            ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except (OSError, ValueError, IndexError):
+            if pid == os.getpid():
+                return None
+    return ticks / tick
+
+
+def thread_levels(cores: int) -> list[int]:
+    """The thread counts a ``ThreadGovernor`` uses on ``cores`` cores: powers of two and the
+    core count. Each count a compiled function meets is one more compiled version of it (and
+    torch.compile keeps 8), so the counts stay few: 1, 2, 4, 8, 16, 32, 48 on 48 cores."""
+    return sorted({cores, *(2**k for k in range(cores.bit_length()) if 2**k <= cores)})
+
+
 class ThreadGovernor:
     """Keeps PyTorch's CPU threads at the cores other work leaves free while a long job runs.
 
     ``cpu_threads`` decides once, at the start; work that starts later (or just before: the
     load average lags) then shares a core with one of our threads, and every parallel region
     waits for that thread's turn on the core. A MASS step on the embedded data took 52.9 ms on
-    one thread and 2,504.6 ms on two with the second core busy (2 cores, docs/training.md).
+    one thread and 2,504.6 ms on two with the second core busy (2 cores; docs/training.md,
+    "Threads that follow the machine").
 
     ``poll`` is cheap and meant to be called often (every training step, every evaluation
     batch). Every ``every`` seconds it compares the allowed cores' busy time (/proc/stat) with
-    this process's own CPU time: the difference is other work. It drops threads at once when
-    other work holds half a core or more of the ones it uses, and adds one back only when a
-    whole core stays free for ``2**k`` windows in a row (k = the drops so far, at most 5), so a
-    machine whose load comes and goes does not keep changing the count. Threads only change
-    on the thread that calls ``poll`` (OpenMP's count is per calling thread). Where /proc/stat
-    cannot be read it does nothing."""
+    this process's own CPU time, its child processes' included (``_tree_cpu_seconds``): the
+    difference is other work. It drops threads at once when other work leaves it more than
+    half a core short of one per thread, to the largest of ``thread_levels`` that fits, and
+    goes up one level only when the cores for it stay free (all but 0.2 of a core) for ``2**k``
+    windows in a row (k = the drops so far, at most 5), so a machine whose load comes and goes
+    does not keep changing the count. It reads the count PyTorch has at each look (a count
+    set elsewhere is followed). Threads only change on the thread that calls ``poll``
+    (OpenMP's count is per calling thread). Where /proc cannot be read it does nothing."""
 
     def __init__(
         self,
@@ -128,6 +162,7 @@ class ThreadGovernor:
     ) -> None:
         self.threads = threads
         self.cores = allowed_cores() if cores is None else cores
+        self.levels = thread_levels(len(self.cores))
         self.log = log
         self.every = every
         self._drops = 0
@@ -140,9 +175,11 @@ class ThreadGovernor:
             ticks = _core_ticks(self.cores)
         except (OSError, ValueError, IndexError):
             return None
-        return time.monotonic(), time.process_time(), ticks
+        own = _tree_cpu_seconds()
+        return None if own is None else (time.monotonic(), own, ticks)
 
-    def others(self, before: tuple, after: tuple) -> float:
+    @staticmethod
+    def others(before: tuple, after: tuple) -> float:
         """Cores that other work kept busy between two samples."""
         wall = after[0] - before[0]
         own = (after[1] - before[1]) / wall if wall > 0 else 0.0
@@ -154,7 +191,7 @@ class ThreadGovernor:
             return
         sample = self._sample()
         if sample is None or not sample[2]:
-            self._mark = None  # /proc/stat went away: stop governing
+            self._mark = None  # /proc went away: stop governing
             return
         try:
             others = self.others(self._mark, sample)
@@ -163,15 +200,20 @@ class ThreadGovernor:
         self._mark, self._due = sample, sample[0] + self.every
         if others is None:
             return
+        import torch
+
+        self.threads = torch.get_num_threads()
         room = len(self.cores) - others  # cores left for this process
+        higher = [n for n in self.levels if n > self.threads]
         if self.threads > 1 and room < self.threads - 0.5:
-            self._set(max(1, min(self.threads - 1, int(room + 0.5))), others)
+            fits = max(1, int(room + 0.5))
+            self._set(max(n for n in self.levels if n <= min(fits, self.threads - 1)), others)
             self._drops = min(self._drops + 1, 5)
             self._free_windows = 0
-        elif self.threads < len(self.cores) and room >= self.threads + 0.8:
+        elif higher and room >= higher[0] - 0.2:
             self._free_windows += 1
             if self._free_windows >= 2**self._drops:
-                self._set(self.threads + 1, others)
+                self._set(higher[0], others)
                 self._free_windows = 0
         else:
             self._free_windows = 0
