@@ -99,3 +99,15 @@ def test_a_place_where_nothing_can_be_created_is_named_at_once() -> None:
         with atomic_path("/proc/masr-test.csv"):
             pass
     assert err.value.filename == "/proc/masr-test.csv"
+
+
+def test_an_output_folder_that_is_a_dangling_link_is_named(tmp_path: Path) -> None:
+    """mkdir of a link to nothing says only "File exists" (QA: reproduce --out dl)."""
+    from masr.atomic import check_output_dir
+    from masr.errors import MasrError
+
+    (tmp_path / "dl").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(MasrError, match=r"--out .*dl: a link to .*nowhere, which does not exist"):
+        check_output_dir(tmp_path / "dl", "--out")
+    (tmp_path / "nowhere").mkdir()
+    check_output_dir(tmp_path / "dl", "--out")  # a link to a folder is a folder

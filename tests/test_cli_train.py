@@ -524,6 +524,10 @@ def test_outputs_below_a_file_are_one_clear_line(tmp_path: Path) -> None:
            f"--runs {afile}: is a file, not a folder")
     assert afile.read_text() == "x"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "data"]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "runs").write_text("x")  # reproduce's runs folder is a file
+    _fails(["reproduce", "--data", str(data), "--out", str(tmp_path / "out"), "--threads", "1"],
+           f"{tmp_path / 'out' / 'runs'} is a file, not a directory")
 
 
 def test_evaluate_checks_its_json_path_before_the_work(tmp_path: Path) -> None:

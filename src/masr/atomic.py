@@ -139,6 +139,11 @@ def check_output_dir(
     if Path(path).exists() and not Path(path).is_dir():
         why = writes or f"not a folder; choose another {option}"
         raise MasrError(f"{option} {path}: is a file{'; ' if writes else ', '}{why}")
+    if Path(path).is_symlink() and not Path(path).exists():  # mkdir says only "File exists"
+        raise MasrError(
+            f"{option} {path}: a link to {os.readlink(path)}, which does not exist; create "
+            f"that folder or choose another {option}"
+        )
     check_parents(path, option)
 
 

@@ -93,11 +93,12 @@ def _reproduce(
     from masr.dataset import load_prepared
 
     data, out = load_prepared(data_dir), Path(out)
-    from masr.atomic import check_not_inside, check_output_dir
+    from masr.atomic import check_not_inside, check_output_dir, check_parents
 
     check_not_inside(out, data_dir, "--out")
     check_output_dir(out, "--out", "reproduce writes a folder (runs, tables, plots)")
     runs = out / "runs"
+    check_parents(runs / "main", "--out")  # a file named runs in --out
     base = RunOptions(
         train=TrainConfig(
             epochs=config.epochs,
