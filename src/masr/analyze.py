@@ -311,16 +311,14 @@ def run_info(run_dir: str | Path) -> tuple[dict[str, Any] | None, str | None]:
     """``(run.json, None)`` of a run; ``(None, None)`` when it has none (a folder that is no
     run, or a run made elsewhere); ``(None, why)`` when it is unreadable or not what ``masr
     train`` writes: ``why`` is the warning line of a run that the analyses leave out."""
-    import json
+    from masr.runs.store import parse_run_json
 
     path = Path(run_dir) / "run.json"
-    if not path.is_file():
+    info, unreadable = parse_run_json(run_dir)
+    if unreadable is not None:
+        return None, f"warning: {path}: unreadable ({unreadable}); {Path(run_dir)} left out"
+    if info is None:
         return None, None
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else " ".join(str(exc).split())
-        return None, f"warning: {path}: unreadable ({reason}); {Path(run_dir)} left out"
     problem = _shape_problem(info)
     if problem is not None:
         return None, (f"warning: {path}: not what `masr train` writes ({problem}); "

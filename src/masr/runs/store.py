@@ -23,16 +23,24 @@ if TYPE_CHECKING:
     from masr.models.base import Recommender
 
 
+def parse_run_json(run_dir: str | Path) -> tuple[Any, str | None]:
+    """A run's ``run.json`` parsed as it is (any JSON value; None when there is none), and why
+    it could not be read (None when it could)."""
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        return None, None
+    try:
+        return json.loads(path.read_text()), None
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    except ValueError as exc:
+        return None, " ".join(str(exc).split())
+
+
 def read_run_json(run_dir: str | Path) -> dict[str, Any] | None:
     """A run's ``run.json``; None when there is none, or it is unreadable or not a JSON object
     (a damaged file: the run counts as not there)."""
-    path = Path(run_dir) / "run.json"
-    if not path.is_file():
-        return None
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    info, _why = parse_run_json(run_dir)
     return info if isinstance(info, dict) else None
 
 
