@@ -82,15 +82,12 @@ def governed(threads: int, device: str, log: Callable[[str], None] | None) -> An
     nothing."""
     if threads:
         return nullcontext()
-    import torch
-
     from masr.system import governed_threads
     from masr.train import resolve_device
 
     if resolve_device(device).type == "cuda":  # "auto" on a GPU machine too
         return nullcontext()
-
-    return governed_threads(torch.get_num_threads(), log)
+    return governed_threads(log)
 
 
 def log_after(first_line: str) -> Callable[[str], None]:

@@ -236,7 +236,7 @@ def test_governor_leaves_a_core_that_other_work_takes_and_comes_back(
     machine = _Machine(monkeypatch, busy=2.0, own=1.0)  # our 2 threads get 1 core: 1 is taken
     said: list[str] = []
     torch_threads.set_num_threads(2)
-    with governed_threads(2, said.append, every=1.0) as governor:
+    with governed_threads(said.append, every=1.0) as governor:
         poll_threads()  # not a second yet: nothing looked at
         assert governor.threads == 2 and not said
         machine.second()
@@ -269,7 +269,7 @@ def test_governor_counts_only_other_work(
 ) -> None:
     machine = _Machine(monkeypatch, busy=busy, own=own)
     torch_threads.set_num_threads(threads)
-    with governed_threads(threads, every=1.0) as governor:
+    with governed_threads(every=1.0) as governor:
         for _ in range(3):
             machine.second()
             poll_threads()
@@ -282,7 +282,7 @@ def test_governor_does_nothing_without_proc_stat(monkeypatch, torch_threads) -> 
 
     monkeypatch.setattr(masr.system, "_core_ticks", unreadable)
     torch_threads.set_num_threads(2)
-    with governed_threads(2, every=0.0) as governor:
+    with governed_threads(every=0.0) as governor:
         poll_threads()
         assert governor.threads == 2 and torch_threads.get_num_threads() == 2
     poll_threads()  # no governor: nothing
@@ -339,7 +339,7 @@ def test_governor_on_four_cores_steps_through_few_counts(monkeypatch, torch_thre
     machine = _Machine(monkeypatch, busy=4.0, own=2.5, cores=4, seconds=2.0)
     said: list[str] = []
     torch_threads.set_num_threads(4)
-    with governed_threads(4, said.append, every=2.0) as governor:
+    with governed_threads(said.append, every=2.0) as governor:
         machine.second()
         poll_threads()  # 1.5 cores taken: 2.5 left, so 2 threads (3 is no level)
         assert governor.threads == 2 == torch_threads.get_num_threads()
@@ -362,7 +362,7 @@ def test_governor_on_four_cores_steps_through_few_counts(monkeypatch, torch_thre
 def test_governor_follows_a_count_set_elsewhere(monkeypatch, torch_threads) -> None:
     machine = _Machine(monkeypatch, busy=1.0, own=1.0)
     torch_threads.set_num_threads(2)
-    with governed_threads(2, every=1.0) as governor:
+    with governed_threads(every=1.0) as governor:
         torch_threads.set_num_threads(1)  # e.g. an inner block, or the library's user
         for _ in range(3):
             machine.second()

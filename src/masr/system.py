@@ -155,12 +155,13 @@ class ThreadGovernor:
 
     def __init__(
         self,
-        threads: int,
         log: Callable[[str], None] | None = None,
         every: float = 2.0,
         cores: set[int] | None = None,
     ) -> None:
-        self.threads = threads
+        import torch
+
+        self.threads = torch.get_num_threads()  # at the last look
         self.cores = allowed_cores() if cores is None else cores
         self.levels = thread_levels(len(self.cores))
         self.log = log
@@ -237,15 +238,15 @@ GOVERN_EVERY = 2.0
 
 @contextmanager
 def governed_threads(
-    threads: int, log: Callable[[str], None] | None = None, every: float | None = None
+    log: Callable[[str], None] | None = None, every: float | None = None
 ) -> Iterator[ThreadGovernor]:
     """Within this block, ``poll_threads`` (called by training and evaluation loops) keeps the
-    thread count PyTorch uses, ``threads`` at first, at the free cores (``ThreadGovernor``).
-    The thread count is the process's, so there is one governor at a time; the count it set
-    last stays when the block ends."""
+    thread count PyTorch uses at the free cores (``ThreadGovernor``), starting from the count
+    it has. The thread count is the process's, so there is one governor at a time; the count
+    it set last stays when the block ends."""
     global _governor
     outer = _governor
-    _governor = ThreadGovernor(threads, log, GOVERN_EVERY if every is None else every)
+    _governor = ThreadGovernor(log, GOVERN_EVERY if every is None else every)
     try:
         yield _governor
     finally:
