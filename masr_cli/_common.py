@@ -123,8 +123,12 @@ def unwrap(doc: str | None) -> str:
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print ``masr: error: message`` on stderr and return the Exit to raise."""
-    sys.stderr.write(f"masr: error: {message}\n")
+    """Print ``masr: error: message`` on stderr and return the Exit to raise. Under torchrun
+    every process may say the same line: those after the first name their rank
+    (``masr: error (rank 1 of 2): ...``), so one failure does not read as several."""
+    rank, size = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    where = f" (rank {rank} of {size})" if launched() and rank != "0" else ""
+    sys.stderr.write(f"masr: error{where}: {message}\n")
     sys.stderr.flush()
     return typer.Exit(code)
 
@@ -200,10 +204,8 @@ def handle_errors(func: F) -> F:
                 raise fail(OUT_OF_MEMORY) from None
             if not _peer_stopped(exc):
                 raise
-            rank, size = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
-            raise fail(
-                f"another process of this torchrun stopped (this is rank {rank} of {size}); "
-                "its own error line says why"
+            raise fail(  # fail names this rank
+                "another process of this torchrun stopped; its own error line says why"
             ) from None
 
     return wrapper  # type: ignore[return-value]

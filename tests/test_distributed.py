@@ -132,6 +132,7 @@ def test_a_rank_whose_peer_stopped_says_so_in_one_line(
     not reworded."""
     import typer
 
+    from masr.errors import MasrError
     from masr_cli._common import handle_errors
 
     def train() -> None:
@@ -146,9 +147,22 @@ def test_a_rank_whose_peer_stopped_says_so_in_one_line(
         command()
     assert stopped.value.exit_code == 1
     assert capsys.readouterr().err == (
-        "masr: error: another process of this torchrun stopped (this is rank 1 of 2); its own "
-        "error line says why\n"
+        "masr: error (rank 1 of 2): another process of this torchrun stopped; its own error "
+        "line says why\n"
     )
+    # an error every process meets: the first says it plainly, the others with their rank
+    def refused() -> None:
+        raise MasrError("--data none: no prepared data")
+
+    refused.__module__ = "masr_cli.train"
+    with pytest.raises(typer.Exit):
+        handle_errors(refused)()
+    assert capsys.readouterr().err == "masr: error (rank 1 of 2): --data none: no prepared data\n"
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(typer.Exit):
+        handle_errors(refused)()
+    assert capsys.readouterr().err == "masr: error: --data none: no prepared data\n"
+    monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
         command()
