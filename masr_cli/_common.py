@@ -64,11 +64,13 @@ def cpu_threads_line(threads: int, device: str) -> str:
 
     if not 0 <= threads <= MAX_THREADS:
         raise MasrError(f"--threads must be >= 0 (0 = the free cores) and at most {MAX_THREADS:,}")
-    if device == "cuda":
-        return ""
     import torch
 
     from masr.system import cpu_threads
+    from masr.train import resolve_device
+
+    if resolve_device(device).type == "cuda":  # "auto" on a GPU machine too
+        return ""
 
     n_threads, why = cpu_threads(threads)
     torch.set_num_threads(n_threads)

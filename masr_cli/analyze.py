@@ -224,9 +224,9 @@ def _mass_runs(paths: list[Path], log: Callable[[str], None]) -> list[Path]:
 def _wrote(table: Path, png: Path | None) -> None:
     """The closing line: what was written, and why there is no PNG when there is none."""
     if png is None:
-        console.print(
-            "no PNG: matplotlib is not installed (pip install 'masr[plot]')", markup=False
-        )
+        from masr.figures import NO_MATPLOTLIB
+
+        console.print(NO_MATPLOTLIB, markup=False)
         console.print(f"wrote {table}")
     else:
         console.print(f"wrote {table} and {png}")

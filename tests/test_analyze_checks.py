@@ -106,9 +106,12 @@ def test_dims_checks_every_run_and_the_out_folder_before_evaluating(
     data, runs = trained
     elsewhere = tmp_path / "d16"
     shutil.copytree(runs / "mdr", elsewhere / "mdr")
-    _edit_run_json(elsewhere / "mdr", model_config={"dim": 16})
+    # as if trained on other prepared data: its run.json and best.pt say so
+    signature = json.loads((elsewhere / "mdr" / "run.json").read_text())["signature"]
+    _edit_run_json(elsewhere / "mdr", model_config={"dim": 16},
+                   signature={**signature, "data": "0123456789abcdef"})
     ckpt = torch.load(elsewhere / "mdr" / "best.pt", weights_only=True)
-    ckpt["data_fingerprint"] = "0123456789abcdef"  # as if trained on other prepared data
+    ckpt["data_fingerprint"] = "0123456789abcdef"
     torch.save(ckpt, elsewhere / "mdr" / "best.pt")
     evaluated: list[object] = []
     monkeypatch.setattr(masr.report, "evaluate_runs",

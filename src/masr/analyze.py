@@ -217,9 +217,8 @@ def attention_correlation(
     ``log`` (``masr.runs.store.run_warnings``). Every run is checked before the work."""
     import torch
 
-    from masr.checkpoint import load_model
     from masr.models.base import Batch
-    from masr.runs.store import run_warnings
+    from masr.runs.store import load_run
 
     say = log or (lambda _msg: None)
     models: list[tuple[Path, Recommender]] = []
@@ -235,11 +234,8 @@ def attention_correlation(
         if problem is not None:
             say(problem)
             continue
-        for note in run_warnings(run_dir):
-            say(note)
-        model, ckpt = load_model(path, device)
-        if ckpt.get("data_fingerprint") != data.fingerprint:
-            raise MasrError(f"{path}: trained on other prepared data than {data.path}")
+        # its warnings said, its prepared data checked
+        model, _ = load_run(run_dir.parent, run_dir.name, data, device, warn=say)
         mass_part(model)  # a model without attention: one error line before the work
         models.append((run_dir, model))
     if not models:
@@ -274,55 +270,15 @@ def attention_correlation(
     return out
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _shape_problem(info: object) -> str | None:
-    """What makes a parsed run.json not what ``masr train`` writes, in the fields the
-    analyses read (model, status, model_config and its dims, history, processes); None when
-    they are all of the right kind."""
-    if not isinstance(info, dict):
-        return "not a JSON object"
-    for key in ("run", "model", "procedure", "status"):
-        if key in info and not isinstance(info[key], str):
-            return f"{key} is not a name"
-    config = info.get("model_config")
-    if config is not None:
-        if not isinstance(config, dict):
-            return "model_config is not an object"
-        for part in [config, *(v for v in config.values() if isinstance(v, dict))]:
-            if "dim" in part and not _is_count(part["dim"]):
-                return "model_config's dim is not a whole number above 0"
-    history = info.get("history", [])
-    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
-        return "history is not a list of epochs"
-    for epoch in history:
-        seconds = epoch.get("train_seconds", 0.0)
-        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-                or not np.isfinite(seconds) or seconds < 0):
-            return "history's train_seconds is not a number of seconds"
-    if "processes" in info and not _is_count(info["processes"]):
-        return "processes is not a whole number above 0"
-    return None
-
-
 def run_info(run_dir: str | Path) -> tuple[dict[str, Any] | None, str | None]:
     """``(run.json, None)`` of a run; ``(None, None)`` when it has none (a folder that is no
     run, or a run made elsewhere); ``(None, why)`` when it is unreadable or not what ``masr
     train`` writes: ``why`` is the warning line of a run that the analyses leave out."""
     from masr.runs.store import parse_run_json
 
-    path = Path(run_dir) / "run.json"
-    info, unreadable = parse_run_json(run_dir)
-    if unreadable is not None:
-        return None, f"warning: {path}: unreadable ({unreadable}); {Path(run_dir)} left out"
-    if info is None:
-        return None, None
-    problem = _shape_problem(info)
-    if problem is not None:
-        return None, (f"warning: {path}: not what `masr train` writes ({problem}); "
-                      f"{Path(run_dir)} left out")
+    info, why = parse_run_json(run_dir)
+    if why is not None:
+        return None, f"warning: {Path(run_dir) / 'run.json'}: {why}; {Path(run_dir)} left out"
     return info, None
 
 
@@ -435,7 +391,6 @@ def quality_by_dim(
     ("all" = every run) in each entry of ``runs``: a runs directory (e.g. one per ``--dim``)
     or one run directory. Runs without an embedding size are left out (logged); the same run
     at the same d in two entries is an error, since the figure would have to drop one."""
-    from masr.checkpoint import load_checkpoint
     from masr.report import evaluate_runs, to_jsonable
     from masr.runs.store import available_runs
 
@@ -471,12 +426,13 @@ def quality_by_dim(
                     f"{run} at d={d} is in two --runs entries ({placed[run, d]} and "
                     f"{runs_dir / run}); give one runs directory per embedding size"
                 )
-            best = runs_dir / run / "best.pt"
-            trained_on = load_checkpoint(best).get("data_fingerprint")
-            if trained_on != data.fingerprint:
+            # the prepared data it was made on, from its run.json (load_run checks best.pt)
+            trained_on = (info.get("signature") or {}).get("data")
+            if trained_on is not None and trained_on != data.fingerprint:
                 raise MasrError(
-                    f"{best}: trained on other prepared data (fingerprint {trained_on}, "
-                    f"{data.path} has {data.fingerprint}); retrain or pass the matching --data"
+                    f"{runs_dir / run / 'best.pt'}: trained on other prepared data (fingerprint "
+                    f"{trained_on}, {data.path} has {data.fingerprint}); retrain or pass the "
+                    "matching --data"
                 )
             placed[run, d] = runs_dir / run
             sized[run] = d

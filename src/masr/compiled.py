@@ -79,15 +79,17 @@ class Compiled:
             self.eager_left -= time.perf_counter() - start
             return out
         try:
-            import torch
-
             if self._compiled is None:
-                self._compiled = torch.compile(self.fn, dynamic=True)
-            # kernels that read the thread count when run: a count changed by
-            # masr.system.ThreadGovernor retraces (0.35 s, MASS's full ranking) rather than
-            # compiling C++ again (2.3 s; docs/training.md, "Threads that follow the machine")
-            with torch._inductor.config.patch({"cpp.dynamic_threads": True}):
-                return self._compiled(*args)
+                import torch
+
+                # kernels that read the thread count when run: a count changed by
+                # masr.system.ThreadGovernor retraces (0.35 s, MASS's full ranking) rather than
+                # compiling C++ again (2.3 s; docs/training.md, "Threads that follow the
+                # machine")
+                self._compiled = torch.compile(
+                    self.fn, dynamic=True, options={"cpp.dynamic_threads": True}
+                )
+            return self._compiled(*args)
         except Exception as err:  # no compiler, unsupported op...: eager, once said
             self.failed = True
             text = str(err).strip()

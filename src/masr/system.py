@@ -155,13 +155,10 @@ class ThreadGovernor:
 
     def __init__(
         self,
-        log: Callable[[str], None] | None = None,
-        every: float = 2.0,
+        log: Callable[[str], None] | None,
+        every: float,
         cores: set[int] | None = None,
     ) -> None:
-        import torch
-
-        self.threads = torch.get_num_threads()  # at the last look
         self.cores = allowed_cores() if cores is None else cores
         self.levels = thread_levels(len(self.cores))
         self.log = log
@@ -178,6 +175,13 @@ class ThreadGovernor:
             return None
         own = _tree_cpu_seconds()
         return None if own is None else (time.monotonic(), own, ticks)
+
+    @property
+    def threads(self) -> int:
+        """PyTorch's thread count now (the governor's last change, or a count set elsewhere)."""
+        import torch
+
+        return torch.get_num_threads()
 
     @staticmethod
     def others(before: tuple, after: tuple) -> float:
@@ -201,34 +205,31 @@ class ThreadGovernor:
         self._mark, self._due = sample, sample[0] + self.every
         if others is None:
             return
-        import torch
-
-        self.threads = torch.get_num_threads()
+        now = self.threads
         room = len(self.cores) - others  # cores left for this process
-        higher = [n for n in self.levels if n > self.threads]
-        if self.threads > 1 and room < self.threads - 0.5:
+        higher = [n for n in self.levels if n > now]
+        if now > 1 and room < now - 0.5:
             fits = max(1, int(room + 0.5))
-            self._set(max(n for n in self.levels if n <= min(fits, self.threads - 1)), others)
+            self._set(now, max(n for n in self.levels if n <= min(fits, now - 1)), others)
             self._drops = min(self._drops + 1, 5)
             self._free_windows = 0
         elif higher and room >= higher[0] - 0.2:
             self._free_windows += 1
             if self._free_windows >= 2**self._drops:
-                self._set(higher[0], others)
+                self._set(now, higher[0], others)
                 self._free_windows = 0
         else:
             self._free_windows = 0
 
-    def _set(self, threads: int, others: float) -> None:
+    def _set(self, now: int, threads: int, others: float) -> None:
         import torch
 
         torch.set_num_threads(threads)
         if self.log is not None:
             self.log(
-                f"CPU threads {self.threads} -> {threads}: other work keeps {others:.1f} of "
+                f"CPU threads {now} -> {threads}: other work keeps {others:.1f} of "
                 f"{len(self.cores)} core(s) busy"
             )
-        self.threads = threads
 
 
 _governor: ThreadGovernor | None = None

@@ -170,7 +170,7 @@ def _make(
     lock = locked(run_dir / RUN_LOCK, "masr train") if world().is_main else nullcontext()
     with lock:
         # made meanwhile? (and if not reusable, why: said once, here)
-        reused = None if target else _reused(run, run_dir, sig, log, say_why=True)
+        reused = None if target else _reused(run, run_dir, sig, log, say_why=log)
         if reused is not None:
             return reused
         if world().is_main and remove_temp_entries(run_dir):
@@ -214,10 +214,10 @@ def _reused(
     run_dir: Path,
     sig: dict[str, Any],
     log: Callable[[str], None],
-    say_why: bool = False,
+    say_why: Callable[[str], None] | None = None,
 ) -> RunOutcome | None:
     """The outcome of reusing run ``run`` when it is ``reusable``, else None."""
-    info = reusable(run_dir, sig, log if say_why else None)
+    info = reusable(run_dir, sig, say_why)
     if info is None:
         return None
     best = info.get("best", {})

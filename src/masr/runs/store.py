@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,25 +24,62 @@ if TYPE_CHECKING:
     from masr.models.base import Recommender
 
 
-def parse_run_json(run_dir: str | Path) -> tuple[Any, str | None]:
-    """A run's ``run.json`` parsed as it is (any JSON value; None when there is none), and why
-    it could not be read (None when it could)."""
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _shape_problem(info: object) -> str | None:
+    """What makes a parsed run.json not what ``masr train`` writes, in the fields the
+    readers use (model, status, model_config and its dims, history, processes); None when
+    they are all of the right kind."""
+    if not isinstance(info, dict):
+        return "not a JSON object"
+    for key in ("run", "model", "procedure", "status"):
+        if key in info and not isinstance(info[key], str):
+            return f"{key} is not a name"
+    config = info.get("model_config")
+    if config is not None:
+        if not isinstance(config, dict):
+            return "model_config is not an object"
+        for part in [config, *(v for v in config.values() if isinstance(v, dict))]:
+            if "dim" in part and not _is_count(part["dim"]):
+                return "model_config's dim is not a whole number above 0"
+    history = info.get("history", [])
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        return "history is not a list of epochs"
+    for epoch in history:
+        seconds = epoch.get("train_seconds", 0.0)
+        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+                or not math.isfinite(seconds) or seconds < 0):
+            return "history's train_seconds is not a number of seconds"
+    if "processes" in info and not _is_count(info["processes"]):
+        return "processes is not a whole number above 0"
+    return None
+
+
+def parse_run_json(run_dir: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A run's ``run.json`` and None; (None, None) when there is none; (None, why) when it is
+    unreadable or not what ``masr train`` writes (``_shape_problem``), ``why`` a phrase for a
+    warning ("unreadable (...)", "not what `masr train` writes (...)")."""
     path = Path(run_dir) / "run.json"
     if not path.is_file():
         return None, None
     try:
-        return json.loads(path.read_text()), None
+        info = json.loads(path.read_text())
     except OSError as exc:
-        return None, exc.strerror or str(exc)
+        return None, f"unreadable ({exc.strerror or exc})"
     except ValueError as exc:
-        return None, " ".join(str(exc).split())
+        return None, f"unreadable ({' '.join(str(exc).split())})"
+    problem = _shape_problem(info)
+    if problem is not None:
+        return None, f"not what `masr train` writes ({problem})"
+    return info, None
 
 
 def read_run_json(run_dir: str | Path) -> dict[str, Any] | None:
-    """A run's ``run.json``; None when there is none, or it is unreadable or not a JSON object
-    (a damaged file: the run counts as not there)."""
-    info, _why = parse_run_json(run_dir)
-    return info if isinstance(info, dict) else None
+    """A run's ``run.json``; None when there is none, or it is unreadable or not what ``masr
+    train`` writes (a damaged file: the run counts as not there)."""
+    return parse_run_json(run_dir)[0]
 
 
 def write_run_json(run_dir: Path, info: dict[str, Any]) -> None:
