@@ -190,6 +190,8 @@ def test_analyze_writes_its_table_without_matplotlib(
              "--epochs", "1", "--dim", "8", "--device", "cpu"])
     monkeypatch.setattr(masr.figures, "have_matplotlib", lambda: False)
     out = tmp_path / "analysis"
+    out.mkdir()
+    (out / "speed.png").write_bytes(b"an earlier run's figure")  # not left beside new tables
     for args in (["speed", "--runs", str(runs)],
                  ["attention", "--runs", str(runs / "mass"), "--data", str(planted_dir)]):
         log = _invoke(["analyze", *args, "--out", str(out)])

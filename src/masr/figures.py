@@ -121,6 +121,10 @@ def plot_epoch_seconds(seconds: dict[str, float], path: str | Path) -> Path:
     return save_png(fig, Path(path))
 
 
-def maybe(plot: Callable[..., Path], *args: Any) -> Path | None:
-    """``plot(*args)``, or None without matplotlib (reproduce writes its tables regardless)."""
-    return plot(*args) if have_matplotlib() else None
+def maybe(plot: Callable[[Any, str | Path], Path], data: Any, path: str | Path) -> Path | None:
+    """``plot(data, path)``; without matplotlib None, and an earlier run's PNG at ``path`` is
+    removed, so that it is not read beside the new table (the tables are written regardless)."""
+    if have_matplotlib():
+        return plot(data, path)
+    Path(path).unlink(missing_ok=True)
+    return None
