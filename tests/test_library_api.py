@@ -177,3 +177,21 @@ def test_undefined_figures_are_null_in_json_and_said_in_the_table() -> None:
     nan = float("nan")
     assert interval_text({"delta": 0.0, "ci95": [nan, nan]}) == "+0.0000 (one case: no interval)"
     assert interval_text({"delta": 0.01, "ci95": [0.0, 0.02]}) == "+0.0100 ± 0.0100"
+
+
+def test_train_run_checks_its_runs_folder_as_the_cli_does(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """From Python too: a runs folder inside the prepared data (which masr prep replaces whole)
+    or below a file is refused before anything is made."""
+    from masr.dataset import load_prepared
+    from masr.runs import train_run
+
+    data = load_prepared(trained[0])
+    options = RunOptions(device="cpu", train=TrainConfig(epochs=1))
+    with pytest.raises(MasrError, match="--runs .*: inside the prepared data folder"):
+        train_run("pop", data, Path(trained[0]) / "runs", options)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(MasrError, match="afile is a file, not a directory"):
+        train_run("pop", data, tmp_path / "afile" / "runs", options)
+    assert not (Path(trained[0]) / "runs").exists()

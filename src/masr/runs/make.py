@@ -92,6 +92,7 @@ def train_run(
     called: ``masr reproduce`` continues by running again)."""
     options = options or RunOptions()  # checked when made (masr.config)
     check_model_overrides(options.model)
+    check_runs_dir(runs_dir, data)
     if len(data.valid) == 0:
         raise MasrError(
             f"{data.path}: no validation cases (masr prep kept none, as its warning said), and "
@@ -113,6 +114,15 @@ def train_run(
         )
         barrier()  # under torchrun: rank 0's files of this run are written before any rank reads
     return outcomes
+
+
+def check_runs_dir(runs_dir: str | Path, data: PreparedData) -> None:
+    """Refuse (MasrError) a runs folder that is a file or lies below one, or lies inside the
+    prepared data folder, which ``masr prep`` replaces whole."""
+    from masr.atomic import check_not_inside, check_output_dir
+
+    check_output_dir(runs_dir, "--runs")
+    check_not_inside(runs_dir, data.path, "--runs")
 
 
 def check_model_overrides(overrides: dict[str, Any]) -> None:
