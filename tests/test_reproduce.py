@@ -419,7 +419,10 @@ def test_a_run_interrupted_inside_reproduce_names_reproduce(
     reproduce command, not `masr train --resume`."""
     import masr.train
 
+    holders = []
+
     def saved_then_interrupted(*args, run_dir=None, **kwargs):
+        holders.append(json.loads((Path(run_dir) / ".lock").read_text())["command"])
         (Path(run_dir) / "last.pt").write_bytes(b"an epoch")  # as after a finished epoch
         raise KeyboardInterrupt
 
@@ -430,6 +433,7 @@ def test_a_run_interrupted_inside_reproduce_names_reproduce(
     run_lines = [line for line in result.stderr.splitlines() if "interrupted after" in line]
     assert run_lines and run_lines[0].endswith("the same `masr reproduce` command continues it")
     assert "masr train ... --resume" not in result.stderr
+    assert holders == ["masr reproduce"]  # a second reproduce is told who holds the run
 
 
 def test_a_run_interrupted_in_its_first_epoch_inside_reproduce_names_reproduce(

@@ -266,7 +266,7 @@ def _make(name: str, data: Any, runs_dir: Path, options: RunOptions, say: Log) -
         say(f"{runs_dir.name}/{name}: finished before, reused")
         return
     outcomes = train_run(
-        name, data, runs_dir, options, log=say, resume_hint="the same `masr reproduce` command"
+        name, data, runs_dir, options, log=say, command="masr reproduce"
     )
     for outcome in outcomes:
         say(f"{runs_dir.name}/{outcome.run}: {outcome.action} in {outcome.seconds:.1f} s")

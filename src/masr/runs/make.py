@@ -56,8 +56,14 @@ if TYPE_CHECKING:
     from masr.train import TrainProgress
 
 
-#: what continues a run interrupted under `masr train` (``train_run``'s ``resume_hint``)
-TRAIN_RESUME_HINT = "`masr train ... --resume` with the same options"
+def how_to_go_on(command: str, saved: bool) -> str:
+    """What continues a run interrupted under ``command`` ("masr train", or "masr reproduce",
+    which trains an unfinished run again when it is run again); ``saved``: an epoch was saved
+    to resume from."""
+    if command == "masr train":
+        return ("`masr train ... --resume` with the same options continues it" if saved
+                else "`masr train` with the same options starts it again")
+    return f"the same `{command}` command {'continues it' if saved else 'starts it again'}"
 
 
 @dataclass
@@ -85,11 +91,11 @@ def train_run(
     resume: bool = False,
     progress: TrainProgress | None = None,
     log: Callable[[str], None] | None = None,
-    resume_hint: str = TRAIN_RESUME_HINT,
+    command: str = "masr train",
 ) -> list[RunOutcome]:
     """Make run ``name`` (and the runs it needs) in ``runs_dir``; one outcome per planned run.
-    ``resume_hint``: what an interrupted run's log line says continues it (the command that
-    called: ``masr reproduce`` continues by running again)."""
+    ``command``: the command that called, named by each run's lock and by an interrupted run's
+    line on how to go on (``how_to_go_on``)."""
     options = options or RunOptions()  # checked when made (masr.config)
     check_model_overrides(options.model)
     check_runs_dir(runs_dir, data)
@@ -109,7 +115,7 @@ def train_run(
         outcomes.append(
             _make(
                 run, run == name, data, runs_dir, options, device, resume, progress, log,
-                resume_hint,
+                command,
             )
         )
         barrier()  # under torchrun: rank 0's files of this run are written before any rank reads
@@ -169,7 +175,7 @@ def _make(
     resume: bool,
     progress: TrainProgress | None,
     log: Callable[[str], None],
-    resume_hint: str,
+    command: str,
 ) -> RunOutcome:
     run_dir = runs_dir / run
     sig = signature(run, options, data.fingerprint)
@@ -177,7 +183,7 @@ def _make(
     if reused is not None:  # only read: never locked, so concurrent chains can share it
         return reused
     # under torchrun only rank 0 writes, so only rank 0 locks
-    lock = locked(run_dir / RUN_LOCK, "masr train") if world().is_main else nullcontext()
+    lock = locked(run_dir / RUN_LOCK, command) if world().is_main else nullcontext()
     with lock:
         # made meanwhile? (and if not reusable, why: said once, here)
         reused = None if target else _reused(run, run_dir, sig, log, say_why=log)
@@ -188,7 +194,7 @@ def _make(
         info = read_run_json(run_dir)  # read again, under the lock
         return _build(
             run, data, runs_dir, options, sig, info, device, resume, progress, log,
-            target=target, resume_hint=resume_hint,
+            target=target, command=command,
         )
 
 
@@ -252,7 +258,7 @@ def _build(
     log: Callable[[str], None],
     *,
     target: bool,
-    resume_hint: str,
+    command: str,
 ) -> RunOutcome:
     """Train, APR, fit or fuse run ``run`` (its lock held by ``_make``; ``target``: the run the
     command named, not one its plan needs first)."""
@@ -336,7 +342,7 @@ def _build(
             done = len(info.get("history", []))
             log(f"{run}: starting again; the unfinished run in {run_dir} ({done} epoch(s)) is "
                 "replaced" + (" (--resume would have continued it)"
-                              if resume_hint == TRAIN_RESUME_HINT else ""))
+                              if command == "masr train" else ""))
         if info is not None and info.get("status") == "finished":
             # say so before a finished run (maybe hours of training) is overwritten
             changed = differences(made, sig)
@@ -401,12 +407,10 @@ def _build(
                 pass
             if stopped and (run_dir / "last.pt").is_file():
                 log(f"{run}: interrupted after {len(info['history'])} epoch(s); "
-                    f"{resume_hint} continues it")
+                    f"{how_to_go_on(command, saved=True)}")
             elif stopped:  # no epoch saved: a new command starts it again, --resume or not
-                again = ("`masr train` with the same options" if resume_hint == TRAIN_RESUME_HINT
-                         else resume_hint)
                 log(f"{run}: interrupted in its first epoch (nothing saved to resume from); "
-                    f"{again} starts it again")
+                    f"{how_to_go_on(command, saved=False)}")
         raise
     log(f"{run}: {stop_reason(result, train_cfg)}")
     # the full-ranking validation cases it ranked (a --time-limit may have cut them)
