@@ -83,7 +83,7 @@ def dims(
     from masr.seed import check_seed
 
     check_seed(seed, "--seed")
-    _check_out(out, data)  # before the evaluation, not after it
+    _check_out(out)  # before the evaluation, not after it
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, device.value))
     with governed(threads, device.value, log):
@@ -169,7 +169,7 @@ def attention(
         raise MasrError(f"--bootstrap {bootstrap}: must be 0 (no standard errors) or from 2 to "
                         f"{MAX_BOOTSTRAP:,} resamples")
     check_seed(seed, "--seed")
-    _check_out(out, data)
+    _check_out(out)
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, "cpu"))
     pairs = attention_correlation(
@@ -294,17 +294,15 @@ for _command in (dims, attention, speed):
     app.command(name=_command.__name__, help=unwrap(_command.__doc__))(handle_errors(_command))
 
 
-def _check_out(out: Path, data: Path | None = None) -> None:
+def _check_out(out: Path) -> None:
     """One clear line, before the work, for an --out folder that cannot be written or would
     go with a prepared data folder (``masr.analyze.check_out_folder``)."""
     from masr.analyze import check_out_folder
 
-    check_out_folder(out, data)
+    check_out_folder(out)
 
 
 def _out_folder(out: Path) -> None:
-    """Create the --out folder (checked by ``_check_out`` before the work)."""
-    from masr.atomic import check_output_dir
-
-    check_output_dir(out, "--out", "analyze writes a folder (JSON and PNG)")
+    """Create the --out folder (checked by ``_check_out`` before the work, again here)."""
+    _check_out(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -111,3 +111,24 @@ def test_an_output_folder_that_is_a_dangling_link_is_named(tmp_path: Path) -> No
         check_output_dir(tmp_path / "dl", "--out")
     (tmp_path / "nowhere").mkdir()
     check_output_dir(tmp_path / "dl", "--out")  # a link to a folder is a folder
+
+
+def test_outputs_where_nothing_can_be_made_or_inside_a_prep_folder_are_refused(
+    tmp_path: Path,
+) -> None:
+    """Every command's output folder (train --runs, reproduce --out, analyze --out): /proc/x
+    is refused before any work, and so is a folder inside any masr prep output."""
+    from masr.atomic import check_output_dir
+    from masr.dataset import MANIFEST, check_outside_prepared
+    from masr.errors import MasrError
+
+    if Path("/proc").is_dir():
+        with pytest.raises(MasrError, match=r"--out /proc/x: nothing can be made in /proc"):
+            check_output_dir("/proc/x", "--out")
+    check_output_dir(tmp_path / "new" / "deeper", "--out")  # made later, fine now
+    assert not any(p.name.startswith(".masr-check") for p in tmp_path.iterdir())
+    (tmp_path / "prep").mkdir()
+    (tmp_path / "prep" / MANIFEST).write_text("{}")
+    with pytest.raises(MasrError, match="inside the prepared data folder"):
+        check_outside_prepared(tmp_path / "prep" / "results", "--out")
+    check_outside_prepared(tmp_path / "beside", "--out")

@@ -313,32 +313,16 @@ def epoch_seconds(
     return out
 
 
-def check_out_folder(out: str | Path, data: str | Path | None = None) -> None:
+def check_out_folder(out: str | Path) -> None:
     """Refuse (MasrError), before any work, an analysis ``--out`` folder that cannot hold its
-    JSON and PNG: a file, a path below a file, the prepared data folder ``data`` or one inside
-    it, or any folder that is or lies inside a folder holding a ``masr prep`` manifest.json
-    (``masr prep`` replaces such a folder whole, the analysis with it), or a place where no
-    folder or file can be made (``/proc/x``, a read-only disk)."""
-    import tempfile
-
-    from masr.atomic import check_not_inside, check_output_dir
-    from masr.dataset import MANIFEST
+    JSON and PNG: a file, a path below a file, a place where nothing can be made
+    (``check_output_dir``), or a folder that is or lies inside a prepared data folder, which
+    ``masr prep`` replaces whole (``check_outside_prepared``)."""
+    from masr.atomic import check_output_dir
+    from masr.dataset import check_outside_prepared
 
     check_output_dir(out, "--out", "analyze writes a folder (JSON and PNG)")
-    if data is not None:
-        check_not_inside(out, data, "--out")
-    target = Path(out).resolve()
-    for folder in (target, *target.parents):
-        if (folder / MANIFEST).is_file():
-            check_not_inside(out, folder, "--out")
-    existing = next(folder for folder in (target, *target.parents) if folder.is_dir())
-    try:  # what the write will need: a new entry in the nearest folder there is
-        Path(tempfile.mkdtemp(prefix=".masr-check.", suffix=".tmp", dir=existing)).rmdir()
-    except OSError as exc:
-        raise MasrError(
-            f"--out {out}: nothing can be made in {existing} ({exc.strerror or exc}); "
-            "choose another --out"
-        ) from None
+    check_outside_prepared(out, "--out")
 
 
 def run_keys(run_dirs: Sequence[Path]) -> list[str]:

@@ -145,6 +145,25 @@ def check_output_dir(
             f"that folder or choose another {option}"
         )
     check_parents(path, option)
+    check_creatable(path, option)
+
+
+def check_creatable(path: str | os.PathLike[str], option: str) -> None:
+    """Refuse (MasrError) a place where nothing can be made (``/proc/x``, a read-only disk):
+    a temporary folder is made and removed in the nearest folder there is, before any work."""
+    import tempfile
+
+    target = Path(path).resolve()
+    existing = next((f for f in (target, *target.parents) if f.is_dir()), None)
+    if existing is None:
+        return
+    try:
+        Path(tempfile.mkdtemp(prefix=".masr-check.", suffix=".tmp", dir=existing)).rmdir()
+    except OSError as exc:
+        raise MasrError(
+            f"{option} {path}: nothing can be made in {existing} ({exc.strerror or exc}); "
+            f"choose another {option}"
+        ) from None
 
 
 def check_parents(path: str | os.PathLike[str], option: str) -> None:

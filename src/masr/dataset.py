@@ -133,6 +133,17 @@ def _cases(df: pl.DataFrame, playlist_user: np.ndarray) -> Cases:
 _MANIFEST_COUNTS = ("users", "playlists", "catalog_songs")
 
 
+def check_outside_prepared(path: str | Path, option: str) -> None:
+    """Refuse (MasrError) an output folder that is or lies inside a ``masr prep`` folder (one
+    holding a manifest.json), which ``masr prep`` replaces whole, the output with it."""
+    from masr.atomic import check_not_inside
+
+    target = Path(path).resolve()
+    for folder in (target, *target.parents):
+        if (folder / MANIFEST).is_file():
+            check_not_inside(path, folder, option)
+
+
 def _check_manifest(manifest: object, path: Path) -> None:
     """One error line for a manifest.json that is JSON but not ``masr prep``'s (another
     program's file, or a file written over it): a JSON object with whole counts of users,

@@ -93,9 +93,10 @@ def _reproduce(
     from masr.dataset import load_prepared
 
     data, out = load_prepared(data_dir), Path(out)
-    from masr.atomic import check_not_inside, check_output_dir, check_parents
+    from masr.atomic import check_output_dir, check_parents
+    from masr.dataset import check_outside_prepared
 
-    check_not_inside(out, data_dir, "--out")
+    check_outside_prepared(out, "--out")  # the --data folder, or any other prep folder
     check_output_dir(out, "--out", "reproduce writes a folder (runs, tables, plots)")
     runs = out / "runs"
     check_parents(runs / "main", "--out")  # a file named runs in --out
