@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -116,8 +117,9 @@ def test_an_output_folder_that_is_a_dangling_link_is_named(tmp_path: Path) -> No
 def test_outputs_where_nothing_can_be_made_or_inside_a_prep_folder_are_refused(
     tmp_path: Path,
 ) -> None:
-    """Every command's output folder (train --runs, reproduce --out, analyze --out): /proc/x
-    is refused before any work, and so is a folder inside any masr prep output."""
+    """reproduce --out and analyze --out: /proc/x is refused before any work, and so is a
+    folder inside any masr prep output (another program's manifest.json does not count).
+    train --runs is not probed: a folder of finished runs is only read."""
     from masr.atomic import check_output_dir
     from masr.dataset import MANIFEST, check_outside_prepared
     from masr.errors import MasrError
@@ -128,7 +130,12 @@ def test_outputs_where_nothing_can_be_made_or_inside_a_prep_folder_are_refused(
     check_output_dir(tmp_path / "new" / "deeper", "--out")  # made later, fine now
     assert not any(p.name.startswith(".masr-check") for p in tmp_path.iterdir())
     (tmp_path / "prep").mkdir()
-    (tmp_path / "prep" / MANIFEST).write_text("{}")
+    (tmp_path / "prep" / MANIFEST).write_text(json.dumps(
+        {"users": 3, "playlists": 9, "catalog_songs": 40, "fingerprint": "ab12"}))
     with pytest.raises(MasrError, match="inside the prepared data folder"):
         check_outside_prepared(tmp_path / "prep" / "results", "--out")
     check_outside_prepared(tmp_path / "beside", "--out")
+    (tmp_path / "webapp").mkdir()
+    (tmp_path / "webapp" / MANIFEST).write_text('{"name": "my-web-app"}')
+    check_outside_prepared(tmp_path / "webapp" / "results", "--out")  # not masr prep's
+    check_output_dir(tmp_path / "ro", "--runs", creatable=False)

@@ -102,9 +102,13 @@ def test_evaluate_and_load_take_auto_and_refuse_other_data(
         evaluate_model(model, other)
     assert read_run_json(str(runs / "mdr"))["status"] == "finished"  # a str path too
     (tmp_path / "damaged").mkdir()
-    for text in ("[1, 2]", '"abc"', "{not json"):  # damaged: the run counts as not there
+    from masr.runs.store import run_warnings
+
+    for text in ("[1, 2]", '"abc"', "{not json", '{"history": 5}', '{"signature": 3}'):
         (tmp_path / "damaged" / "run.json").write_text(text)
-        assert read_run_json(tmp_path / "damaged") is None
+        assert read_run_json(tmp_path / "damaged") is None  # damaged: the run is not there
+        (note,) = run_warnings(tmp_path / "damaged")  # and readers are told
+        assert "run.json: " in note and "cannot be told" in note
 
 
 def test_recipes_follow_the_options_device_and_check_names() -> None:
@@ -195,3 +199,19 @@ def test_train_run_checks_its_runs_folder_as_the_cli_does(
     with pytest.raises(MasrError, match="afile is a file, not a directory"):
         train_run("pop", data, tmp_path / "afile" / "runs", options)
     assert not (Path(trained[0]) / "runs").exists()
+
+
+def test_a_run_with_a_damaged_run_json_is_made_again_and_says_so(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from masr.dataset import load_prepared
+    from masr.runs import train_run
+
+    data = load_prepared(trained[0])
+    options = RunOptions(device="cpu", train=TrainConfig(epochs=1))
+    train_run("pop", data, tmp_path / "runs", options)
+    (tmp_path / "runs" / "pop" / "run.json").write_text('{"history": 5}')
+    said: list[str] = []
+    train_run("pop", data, tmp_path / "runs", options, log=said.append)
+    assert any("run.json: not what `masr train` writes (history is not a list of epochs); "
+               "pop is made again from the start" in line for line in said), said

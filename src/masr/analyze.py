@@ -410,9 +410,13 @@ def quality_by_dim(
                     f"{run} at d={d} is in two --runs entries ({placed[run, d]} and "
                     f"{runs_dir / run}); give one runs directory per embedding size"
                 )
-            # the prepared data it was made on, from its run.json (load_run checks best.pt)
+            # the prepared data it was made on: from its run.json, else from its best.pt
             trained_on = (info.get("signature") or {}).get("data")
-            if trained_on is not None and trained_on != data.fingerprint:
+            if trained_on is None:
+                from masr.checkpoint import load_checkpoint
+
+                trained_on = load_checkpoint(runs_dir / run / "best.pt").get("data_fingerprint")
+            if trained_on != data.fingerprint:
                 raise MasrError(
                     f"{runs_dir / run / 'best.pt'}: trained on other prepared data (fingerprint "
                     f"{trained_on}, {data.path} has {data.fingerprint}); retrain or pass the "

@@ -130,12 +130,24 @@ def check_output_file(path: str | os.PathLike[str], option: str) -> None:
     check_parents(target, option)
 
 
+def resolved(path: str | os.PathLike[str], option: str) -> Path:
+    """``path`` made absolute with its links followed; MasrError for a loop of links."""
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError) as exc:
+        raise MasrError(f"{option} {path}: {exc}") from None
+
+
 def check_output_dir(
-    path: str | os.PathLike[str], option: str, writes: str | None = None
+    path: str | os.PathLike[str],
+    option: str,
+    writes: str | None = None,
+    creatable: bool = True,
 ) -> None:
-    """Refuse (MasrError) an output folder path that is a file or lies below one; a missing
-    folder is fine (it is created). ``writes``: what the command writes there, said instead of
-    "not a folder" (``reproduce writes a folder (runs, tables, plots)``)."""
+    """Refuse (MasrError) an output folder path that is a file or lies below one, or, with
+    ``creatable``, a place where nothing can be made (``check_creatable``); a missing folder
+    is fine (it is created). ``writes``: what the command writes there, said instead of "not a
+    folder" (``reproduce writes a folder (runs, tables, plots)``)."""
     if Path(path).exists() and not Path(path).is_dir():
         why = writes or f"not a folder; choose another {option}"
         raise MasrError(f"{option} {path}: is a file{'; ' if writes else ', '}{why}")
@@ -145,7 +157,8 @@ def check_output_dir(
             f"that folder or choose another {option}"
         )
     check_parents(path, option)
-    check_creatable(path, option)
+    if creatable:
+        check_creatable(path, option)
 
 
 def check_creatable(path: str | os.PathLike[str], option: str) -> None:
@@ -153,7 +166,7 @@ def check_creatable(path: str | os.PathLike[str], option: str) -> None:
     a temporary folder is made and removed in the nearest folder there is, before any work."""
     import tempfile
 
-    target = Path(path).resolve()
+    target = resolved(path, option)
     existing = next((f for f in (target, *target.parents) if f.is_dir()), None)
     if existing is None:
         return

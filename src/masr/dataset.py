@@ -135,13 +135,20 @@ _MANIFEST_COUNTS = ("users", "playlists", "catalog_songs")
 
 def check_outside_prepared(path: str | Path, option: str) -> None:
     """Refuse (MasrError) an output folder that is or lies inside a ``masr prep`` folder (one
-    holding a manifest.json), which ``masr prep`` replaces whole, the output with it."""
-    from masr.atomic import check_not_inside
+    holding masr prep's manifest.json: another program's file of that name does not count),
+    which ``masr prep`` replaces whole, the output with it."""
+    from masr.atomic import check_not_inside, resolved
 
-    target = Path(path).resolve()
+    target = resolved(path, option)
     for folder in (target, *target.parents):
-        if (folder / MANIFEST).is_file():
-            check_not_inside(path, folder, option)
+        manifest = folder / MANIFEST
+        if not manifest.is_file():
+            continue
+        try:
+            _check_manifest(json.loads(manifest.read_text()), manifest)
+        except (OSError, ValueError, MasrError):
+            continue  # not masr prep's
+        check_not_inside(path, folder, option)
 
 
 def _check_manifest(manifest: object, path: Path) -> None:

@@ -133,6 +133,10 @@ def thread_levels(cores: int) -> list[int]:
     return sorted({cores, *(2**k for k in range(cores.bit_length()) if 2**k <= cores)})
 
 
+#: seconds between a governor's looks at the machine
+GOVERN_EVERY = 2.0
+
+
 class ThreadGovernor:
     """Keeps PyTorch's CPU threads at the cores other work leaves free while a long job runs.
 
@@ -155,10 +159,11 @@ class ThreadGovernor:
 
     def __init__(
         self,
-        log: Callable[[str], None] | None,
-        every: float,
+        log: Callable[[str], None] | None = None,
+        every: float | None = None,
         cores: set[int] | None = None,
     ) -> None:
+        every = GOVERN_EVERY if every is None else every
         self.cores = allowed_cores() if cores is None else cores
         self.levels = thread_levels(len(self.cores))
         self.log = log
@@ -233,8 +238,6 @@ class ThreadGovernor:
 
 
 _governor: ThreadGovernor | None = None
-#: seconds between a governor's looks at the machine
-GOVERN_EVERY = 2.0
 
 
 @contextmanager
@@ -247,7 +250,7 @@ def governed_threads(
     it set last stays when the block ends."""
     global _governor
     outer = _governor
-    _governor = ThreadGovernor(log, GOVERN_EVERY if every is None else every)
+    _governor = ThreadGovernor(log, every)
     try:
         yield _governor
     finally:

@@ -45,6 +45,7 @@ from masr.runs.store import (
     intact_checkpoint,
     load_run,
     now,
+    parse_run_json,
     part_stamps,
     read_run_json,
     write_run_json,
@@ -124,10 +125,11 @@ def train_run(
 
 def check_runs_dir(runs_dir: str | Path, data: PreparedData) -> None:
     """Refuse (MasrError) a runs folder that is a file or lies below one, or lies inside the
-    prepared data folder, which ``masr prep`` replaces whole."""
+    prepared data folder, which ``masr prep`` replaces whole. Not whether anything can be made
+    there: a folder of finished runs is only read (reused), so it may be read-only."""
     from masr.atomic import check_not_inside, check_output_dir
 
-    check_output_dir(runs_dir, "--runs")
+    check_output_dir(runs_dir, "--runs", creatable=False)
     check_not_inside(runs_dir, data.path, "--runs")
 
 
@@ -191,7 +193,9 @@ def _make(
             return reused
         if world().is_main and remove_temp_entries(run_dir):
             log(f"{run}: removed the temporary files of an earlier, killed masr train")
-        info = read_run_json(run_dir)  # read again, under the lock
+        info, why = parse_run_json(run_dir)  # read again, under the lock
+        if why is not None:  # said before its checkpoints are replaced
+            log(f"warning: {run_dir / 'run.json'}: {why}; {run} is made again from the start")
         return _build(
             run, data, runs_dir, options, sig, info, device, resume, progress, log,
             target=target, command=command,

@@ -37,6 +37,8 @@ def _shape_problem(info: object) -> str | None:
     for key in ("run", "model", "procedure", "status"):
         if key in info and not isinstance(info[key], str):
             return f"{key} is not a name"
+    if "signature" in info and not isinstance(info["signature"], dict):
+        return "signature is not an object"
     config = info.get("model_config")
     if config is not None:
         if not isinstance(config, dict):
@@ -126,9 +128,14 @@ def run_warnings(run_dir: str | Path) -> list[str]:
       branches) has been trained again since, or continued to a better epoch
       (``earlier_parts``): this run's weights hold the former part.
 
+    * its run.json is damaged (``parse_run_json``), so none of this can be told.
+
     Empty for a finished, current run or one without run.json (made elsewhere)."""
     run_dir = Path(run_dir)
-    info = read_run_json(run_dir)
+    info, why = parse_run_json(run_dir)
+    if why is not None:
+        return [f"warning: {run_dir / 'run.json'}: {why}; whether the run finished, and what "
+                "it was made from, cannot be told"]
     if info is None:
         return []
     notes = []
