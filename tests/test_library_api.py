@@ -215,3 +215,28 @@ def test_a_run_with_a_damaged_run_json_is_made_again_and_says_so(
     train_run("pop", data, tmp_path / "runs", options, log=said.append)
     assert any("run.json: not what `masr train` writes (history is not a list of epochs); "
                "pop is made again from the start" in line for line in said), said
+
+
+def test_a_path_where_prepared_data_or_a_model_belongs_is_one_clear_error(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The likely slip from the README's block: the folder's path instead of load_prepared(path)
+    (QA: bare AttributeErrors from train_run, load_run and evaluate_model)."""
+    from masr.analyze import attention_correlation
+    from masr.dataset import load_prepared
+    from masr.evaluate import evaluate_model
+    from masr.runs import load_run, train_run
+
+    data_dir, runs = trained
+    data = load_prepared(data_dir)
+    with pytest.raises(MasrError, match=r"^data: expected prepared data, masr\.dataset\.load_"):
+        train_run("pop", str(data_dir), tmp_path / "runs")
+    with pytest.raises(MasrError, match="^data: expected prepared data"):
+        load_run(runs, "mdr", str(data_dir))
+    model, _ = load_run(runs, "mdr", data)
+    with pytest.raises(MasrError, match="^data: expected prepared data"):
+        evaluate_model(model, str(data_dir))
+    with pytest.raises(MasrError, match="^model: expected a trained model"):
+        evaluate_model("mdr", data)
+    with pytest.raises(MasrError, match="--split must be one of"):
+        attention_correlation(data, [runs / "mdr"], split="train")

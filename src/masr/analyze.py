@@ -217,9 +217,16 @@ def attention_correlation(
     ``log`` (``masr.runs.store.run_warnings``). Every run is checked before the work."""
     import torch
 
+    from masr.config import SPLITS
     from masr.models.base import Batch
     from masr.runs.store import load_run
 
+    if split not in SPLITS:
+        raise MasrError(f"--split must be one of {', '.join(SPLITS)}, not {split!r}")
+    if max_cases < 0:
+        raise MasrError(f"--cases {max_cases}: must be >= 0 (0 = every case)")
+    if isinstance(run_dirs, str | Path):  # one run, not its path's letters
+        run_dirs = [run_dirs]
     say = log or (lambda _msg: None)
     models: list[tuple[Path, Recommender]] = []
     seen: set[Path] = set()

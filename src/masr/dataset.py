@@ -133,6 +133,16 @@ def _cases(df: pl.DataFrame, playlist_user: np.ndarray) -> Cases:
 _MANIFEST_COUNTS = ("users", "playlists", "catalog_songs")
 
 
+def check_prepared(data: object, what: str = "data") -> None:
+    """Refuse (MasrError) anything but a ``PreparedData`` where the library needs one: the
+    likely mistake is the folder's path, which ``load_prepared`` reads."""
+    if not isinstance(data, PreparedData):
+        raise MasrError(
+            f"{what}: expected prepared data, masr.dataset.load_prepared(path), not "
+            f"{type(data).__name__} {data!r:.60}"
+        )
+
+
 def check_outside_prepared(path: str | Path, option: str) -> None:
     """Refuse (MasrError) an output folder that is or lies inside a ``masr prep`` folder (one
     holding masr prep's manifest.json: another program's file of that name does not count),

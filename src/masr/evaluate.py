@@ -377,8 +377,16 @@ def evaluate_model_and(
     already switched them on."""
     import torch
 
+    from masr.dataset import check_prepared
+    from masr.models.base import Recommender
     from masr.sampling import TrainingIndex
 
+    check_prepared(data)
+    if not isinstance(model, Recommender):
+        raise MasrError(
+            f"model: expected a trained model, masr.runs.load_run(runs, name, data)[0], not "
+            f"{type(model).__name__} {model!r:.60}"
+        )
     if split not in SPLITS:
         raise MasrError(f"--split must be one of {', '.join(SPLITS)}, not {split!r}")
     if isinstance(protocols, str):

@@ -388,7 +388,8 @@ def prepare(
     synth_users: int | None = None,
     log: Log | None = None,
 ) -> PrepResult:
-    """Run the whole preparation (module docstring) and write ``out``; returns the manifest.
+    """Run the whole preparation (module docstring) and write ``out``; returns a ``PrepResult``
+    (the manifest and the folder written).
 
     ``input_path=None`` uses the embedded synthetic dataset (``synth_users`` users). The lock
     ``<out>.lock`` (``masr.lock``) keeps a second ``masr prep --out`` off the same folder.

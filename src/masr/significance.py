@@ -84,7 +84,10 @@ def paired(ranks_a: np.ndarray, ranks_b: np.ndarray) -> dict[str, Any]:
     the discordant counts."""
     ranks_a, ranks_b = np.asarray(ranks_a), np.asarray(ranks_b)
     if ranks_a.shape != ranks_b.shape:
-        raise ValueError(f"paired: {ranks_a.shape} and {ranks_b.shape} cases differ")
+        from masr.errors import MasrError
+
+        raise MasrError(f"paired: {ranks_a.shape} and {ranks_b.shape} cases differ; compare "
+                        "ranks of the same cases")
     (hit_a, gain_a), (hit_b, gain_b) = _hits_gains(ranks_a), _hits_gains(ranks_b)
     out: dict[str, Any] = {"cases": int(ranks_a.size)}
     for name, a, b in (("hit", hit_a, hit_b), ("ndcg", gain_a, gain_b)):

@@ -97,6 +97,9 @@ def train_run(
     """Make run ``name`` (and the runs it needs) in ``runs_dir``; one outcome per planned run.
     ``command``: the command that called, named by each run's lock and by an interrupted run's
     line on how to go on (``how_to_go_on``)."""
+    from masr.dataset import check_prepared
+
+    check_prepared(data)
     options = options or RunOptions()  # checked when made (masr.config)
     check_model_overrides(options.model)
     check_runs_dir(runs_dir, data)

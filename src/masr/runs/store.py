@@ -233,6 +233,10 @@ def load_run(
     gets the lines of ``run_warnings``."""
     from masr.checkpoint import load_model
 
+    if data is not None:
+        from masr.dataset import check_prepared
+
+        check_prepared(data)
     if isinstance(device, str) and device != "cpu":  # "auto", "cuda": as training reads them
         from masr.train import resolve_device
 
