@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,20 @@ def test_a_path_where_prepared_data_or_a_model_belongs_is_one_clear_error(
         evaluate_model("mdr", data)
     with pytest.raises(MasrError, match="--split must be one of"):
         attention_correlation(data, [runs / "mdr"], split="train")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"train": {"epochs": 1}}, "RunOptions.train: expected TrainConfig, not dict"),
+        ({"model": ["dim", 8]}, "RunOptions.model: expected dict, not list"),
+        ({"compile": "no"}, "RunOptions.compile: expected bool, not str"),
+        ({"device": 3}, "--device must be one of auto, cpu, cuda, not 3"),
+        ({"device": "gpu"}, "--device must be one of auto, cpu, cuda, not 'gpu'"),
+    ],
+)
+def test_run_options_refuse_parts_of_the_wrong_kind(kwargs: dict, message: str) -> None:
+    """At construction, in one line (QA: AttributeErrors later, inside train_run)."""
+    with pytest.raises(MasrError, match=f"^{re.escape(message)}"):
+        RunOptions(**kwargs)
+    assert RunOptions(device="cuda:1").device == "cuda:1"

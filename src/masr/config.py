@@ -423,7 +423,22 @@ class RunOptions:
     compile: bool = True
 
     def __post_init__(self) -> None:
+        kinds = (
+            ("train", TrainConfig), ("adversarial", AdversarialConfig), ("model", dict),
+            ("model_train", dict), ("alpha_search", bool), ("compile", bool),
+        )
+        for name, kind in kinds:  # a dict for a config, "no" for a flag: one line, not later
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise MasrError(
+                    f"RunOptions.{name}: expected {kind.__name__}, not {type(value).__name__} "
+                    f"{value!r:.60}"
+                )
         self.alpha = check_alpha(self.alpha)
+        if not isinstance(self.device, str) or not (
+            self.device in DEVICES or self.device.startswith("cuda:")
+        ):
+            raise MasrError(f"--device must be one of {_list(DEVICES)}, not {self.device!r}")
         if self.recipe not in RECIPES:
             raise MasrError(f"--recipe must be one of {_list(tuple(RECIPES))}")
 
