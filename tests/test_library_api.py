@@ -9,6 +9,7 @@ import io
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from masr.config import AdversarialConfig, RunOptions, TrainConfig
@@ -258,3 +259,19 @@ def test_run_options_refuse_parts_of_the_wrong_kind(kwargs: dict, message: str) 
     with pytest.raises(MasrError, match=f"^{re.escape(message)}"):
         RunOptions(**kwargs)
     assert RunOptions(device="cuda:1").device == "cuda:1"
+
+
+def test_prep_score_and_export_configs_refuse_text_for_numbers() -> None:
+    """Checked by their one consumer (prepare, score_file, export_model) through validate():
+    one line naming the option (QA: TypeError '<' not supported between 'str' and 'int')."""
+    from masr.config import ExportConfig, ScoreConfig
+    from masr.prep import PrepConfig
+
+    for config, message in (
+        (PrepConfig(min_songs="5"), "--min-songs '5': is not an integer"),
+        (ScoreConfig(k="10"), "--k '10': is not an integer"),
+        (ExportConfig(chunk="256"), "--chunk '256': is not an integer"),
+    ):
+        with pytest.raises(MasrError, match=f"^{re.escape(message)}"):
+            config.validate()
+    PrepConfig(min_songs=np.int64(5)).validate()  # numpy integers are integers

@@ -126,7 +126,7 @@ def value_kind_problem(value: Any, annotation: str) -> str | None:
     return None  # another annotation (a dict, a tuple): its own checks
 
 
-def _check_kinds(config: Any, options: dict[str, str] | None = None) -> None:
+def check_kinds(config: Any, options: dict[str, str] | None = None) -> None:
     """One error line for the first field of ``config`` whose value is of the wrong kind
     (``value_kind_problem``), naming its command-line option; numpy integers become ints."""
     for f in fields(config):
@@ -201,7 +201,7 @@ class TrainConfig:
     batch_by: str = "row"
 
     def __post_init__(self) -> None:
-        _check_kinds(self)
+        check_kinds(self)
         _raise_first(
             [
                 ("--epochs", self.epochs >= 1, "must be >= 1"),
@@ -270,7 +270,7 @@ class AdversarialConfig:
     lr: float | None = None
 
     def __post_init__(self) -> None:
-        _check_kinds(self, {"epochs": "--adv-epochs", "lr": "--adv-lr"})
+        check_kinds(self, {"epochs": "--adv-epochs", "lr": "--adv-lr"})
         _raise_first(
             [
                 ("--adv-epochs", self.epochs >= 1, "must be >= 1"),
@@ -596,6 +596,7 @@ class ExportConfig:
 
     def validate(self) -> None:
         """Checked by ``export_model`` (the one consumer), not when made."""
+        check_kinds(self)  # "256" for a chunk: one line, not a TypeError in the graph
         if self.model is not None and self.model not in EXPORT_KINDS:
             raise MasrError(f"--model {self.model}: choose one of {_list(EXPORT_KINDS)}")
         if self.alpha is not None:
@@ -651,6 +652,7 @@ class ScoreConfig:
 
     def validate(self) -> None:
         """Checked by ``score_file`` (the one consumer), not when made."""
+        check_kinds(self)  # "10" for k: one line, not a TypeError
         if self.k < 1:
             raise MasrError(f"--k {self.k}: must be >= 1")
         if self.batch_size is not None and self.batch_size < 1:

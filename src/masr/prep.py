@@ -35,7 +35,7 @@ import numpy as np
 import polars as pl
 
 from masr.atomic import atomic_dir, check_parents, check_replaceable_dir, remove_temp_entries
-from masr.config import MAX_SONG_COUNT
+from masr.config import MAX_SONG_COUNT, check_kinds
 from masr.dataset import FORMAT_VERSION, MANIFEST, fingerprint_of
 from masr.errors import MasrError
 from masr.io import POSITION, SONG_EXTRAS, Columns, RawInput, read_interactions
@@ -57,6 +57,7 @@ class PrepConfig:
     negatives: int = 100
 
     def validate(self) -> None:
+        check_kinds(self)  # "5" for min_songs: one line, not a TypeError
         if self.min_songs < 3:
             raise MasrError(
                 f"--min-songs must be at least 3 (got {self.min_songs}): each playlist needs a "
