@@ -303,6 +303,10 @@ def _check_out(out: Path) -> None:
 
 
 def _out_folder(out: Path) -> None:
-    """Create the --out folder (checked by ``_check_out`` before the work, again here)."""
-    _check_out(out)
+    """Create the --out folder (checked by ``_check_out`` before the work; here only that it
+    did not become a file meanwhile)."""
+    from masr.analyze import OUT_WRITES
+    from masr.atomic import check_output_dir
+
+    check_output_dir(out, "--out", OUT_WRITES, creatable=False)
     out.mkdir(parents=True, exist_ok=True)

@@ -480,9 +480,6 @@ def command(
 
     ranks = init_from_env(options.device)  # under torchrun: join the process group
     prepared = load_prepared(data)
-    from masr.runs.make import check_runs_dir
-
-    check_runs_dir(runs, prepared)  # before the thread line: a refused --runs is one line
     first_line = cpu_threads_line(threads, options.device)
     from masr.runs.registry import unused_options
 

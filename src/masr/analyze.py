@@ -320,6 +320,10 @@ def epoch_seconds(
     return out
 
 
+#: what an analysis --out holds, said when it is a file
+OUT_WRITES = "analyze writes a folder (JSON and PNG)"
+
+
 def check_out_folder(out: str | Path) -> None:
     """Refuse (MasrError), before any work, an analysis ``--out`` folder that cannot hold its
     JSON and PNG: a file, a path below a file, a place where nothing can be made
@@ -328,7 +332,7 @@ def check_out_folder(out: str | Path) -> None:
     from masr.atomic import check_output_dir
     from masr.dataset import check_outside_prepared
 
-    check_output_dir(out, "--out", "analyze writes a folder (JSON and PNG)")
+    check_output_dir(out, "--out", OUT_WRITES)
     check_outside_prepared(out, "--out")
 
 

@@ -344,29 +344,24 @@ def _write_tables(out: Path, tables: dict[str, Any]) -> list[Path]:
     return files
 
 
-#: the PNGs _write_figures writes
-FIGURES = ("fig4_hits.png", "fig5_dims.png", "fig6_attention.png", "fig7_speed.png")
-
-
 def _write_figures(out: Path, tables: dict[str, Any], pairs: list[Any]) -> list[Path]:
-    from masr.figures import have_matplotlib, plot_attention, plot_dims, plot_epoch_seconds
+    """The four PNGs; without matplotlib none, and an earlier run's are removed
+    (``figures.maybe``), so that report.md does not show them beside these tables."""
+    from functools import partial
+
+    from masr.figures import maybe, plot_attention, plot_dims, plot_epoch_seconds
     from masr.report import plot_hit_curves
 
-    if not have_matplotlib():  # an earlier run's figures would show beside these tables
-        for name in FIGURES:
-            (out / name).unlink(missing_ok=True)
-        return []
     speed = {run: v["seconds_per_epoch"] for run, v in tables["fig7_speed"].items()}
-    return [
-        plot_hit_curves(tables["table2"], out / "fig4_hits.png", title="test"),
-        plot_dims(tables["fig5_dims"], out / "fig5_dims.png"),
-        plot_attention(
-            {p.label: (p.pmi.tolist(), p.weight.tolist(), p.pearson, p.pearson_within)
-             for p in pairs},
-            out / "fig6_attention.png",
-        ),
-        plot_epoch_seconds(speed, out / "fig7_speed.png"),
+    attention = {p.label: (p.pmi.tolist(), p.weight.tolist(), p.pearson, p.pearson_within)
+                 for p in pairs}
+    written = [
+        maybe(partial(plot_hit_curves, title="test"), tables["table2"], out / "fig4_hits.png"),
+        maybe(plot_dims, tables["fig5_dims"], out / "fig5_dims.png"),
+        maybe(plot_attention, attention, out / "fig6_attention.png"),
+        maybe(plot_epoch_seconds, speed, out / "fig7_speed.png"),
     ]
+    return [path for path in written if path is not None]
 
 
 def _figure(out: Path, name: str, title: str, heading: bool = False) -> list[str]:
