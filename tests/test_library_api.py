@@ -58,6 +58,50 @@ def test_configs_take_numpy_integers_and_ints_for_floats() -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "values", "message"),
+    [
+        ("mdr", {"dim": "8"}, "--dim '8': is not an integer"),
+        ("mass", {"dropout": "0.1"}, "--set dropout='0.1': is not a number"),
+        ("caser", {"window": 2.5}, "--set window=2.5: is not an integer"),
+        ("itemknn", {"shrink": "10"}, "--set shrink='10': is not a number"),
+        ("masr", {"alpha": "0.5"}, "--set alpha='0.5': is not a number"),
+    ],
+)
+def test_model_configs_refuse_values_of_the_wrong_kind(
+    name: str, values: dict, message: str
+) -> None:
+    from masr.models import model_class
+
+    config_class = model_class(name).config_class
+    with pytest.raises(MasrError, match=f"^{re.escape(message)}$"):
+        config_class(**values)
+
+
+def test_model_configs_take_numpy_integers_and_ints_for_floats() -> None:
+    from masr.models.itemknn import ItemKNNConfig
+    from masr.models.mdr import MDRConfig
+
+    config = MDRConfig(dim=np.int64(8), dropout=0)
+    assert type(config.dim) is int and config.dim == 8 and config.dropout == 0
+    assert ItemKNNConfig(shrink=10).shrink == 10
+
+
+def test_prepare_refuses_a_dict_for_its_typed_parts(tmp_path: Path) -> None:
+    from masr.config import Columns
+    from masr.prep import prepare
+
+    for kwargs, message in (
+        ({"columns": {"user": "u"}}, "prepare(columns=...): expected Columns, not dict"),
+        ({"config": {"seed": 1}}, "prepare(config=...): expected PrepConfig, not dict"),
+    ):
+        with pytest.raises(MasrError, match=re.escape(message)):
+            prepare(None, tmp_path / "data", **kwargs)
+    assert not (tmp_path / "data").exists()
+    with pytest.raises(MasrError, match="^--track-col 3: is not text$"):
+        Columns(track=3)
+
+
+@pytest.mark.parametrize(
     ("model", "message"),
     [
         ({"dimm": 8}, "--set dimm=8: no model setting is called 'dimm'"),

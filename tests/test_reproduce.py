@@ -19,6 +19,7 @@ from masr.analyze import (
     pmi_attentive_scores,
 )
 from masr.dataset import PreparedData, load_prepared
+from masr.errors import MasrError
 from masr_cli.main import app
 
 runner = CliRunner()
@@ -153,7 +154,8 @@ def test_analyze_attention_and_speed_on_tiny_runs(planted_dir: Path, tmp_path: P
     assert speed["mass"]["epochs"] == 2 and speed["mass"]["seconds_per_epoch"] > 0
     assert speed["mass"]["processes"] == 1  # recorded in run.json: 1 outside torchrun
     assert json.loads((runs / "mass" / "run.json").read_text())["processes"] == 1
-    assert epoch_seconds([tmp_path / "nowhere"]) == {}
+    with pytest.raises(MasrError, match="nowhere: no such run folder"):  # a typo: said
+        epoch_seconds([runs / "mass", tmp_path / "nowhere"])
     # two runs folders with a run of the same name: one row each, and a table on stderr
     log = _invoke(["analyze", "speed", "--runs", str(runs), "--runs", str(runs_dot), "--out",
                    str(out)])

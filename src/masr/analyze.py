@@ -296,10 +296,14 @@ def epoch_seconds(
     "processes"}} from each run.json's history (training time only, validation excluded;
     "processes": torchrun's data-parallel processes, 1 for runs that did not record it); runs
     without a gradient-training history (fitted, fused) are left out, and so are runs whose
-    run.json is unreadable or not what ``masr train`` writes (with a line to ``log``)."""
+    run.json is unreadable or not what ``masr train`` writes (with a line to ``log``). A
+    folder that does not exist is a MasrError (a typo, not a run to leave out)."""
     say = log or (lambda _msg: None)
     out: dict[str, dict[str, Any]] = {}
     dirs = [Path(d) for d in run_dirs]
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing:
+        raise MasrError(f"{', '.join(missing)}: no such run folder")
     for key, run_dir in zip(run_keys(dirs), dirs, strict=True):
         info, problem = run_info(run_dir)
         if problem is not None:

@@ -134,7 +134,8 @@ def check_kinds(config: Any, options: dict[str, str] | None = None) -> None:
         problem = value_kind_problem(value, str(f.type))
         if problem is not None:
             option = (options or {}).get(f.name, "--" + f.name.replace("_", "-"))
-            raise MasrError(f"{option} {value!r}: {problem}")
+            # "--epochs '3'", or "--set window='3'" for an option name that ends in "="
+            raise MasrError(f"{option}{'' if option.endswith('=') else ' '}{value!r}: {problem}")
         if isinstance(value, numbers.Integral) and not isinstance(value, (int, bool)):
             object.__setattr__(config, f.name, int(value))
 
@@ -575,6 +576,9 @@ class Columns:
     playlist: str = "playlist_id"
     track: str = "track_id"
     position: str | None = None
+
+    def __post_init__(self) -> None:
+        check_kinds(self, {k: f"--{k}-col" for k in ("user", "playlist", "track", "position")})
 
     def as_dict(self) -> dict[str, str]:
         """The three id columns (what an export records for ``masr score``)."""

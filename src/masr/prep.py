@@ -395,6 +395,12 @@ def prepare(
     ``input_path=None`` uses the embedded synthetic dataset (``synth_users`` users). The lock
     ``<out>.lock`` (``masr.lock``) keeps a second ``masr prep --out`` off the same folder.
     """
+    for name, value, kind in (("columns", columns, Columns), ("config", config, PrepConfig)):
+        if value is not None and not isinstance(value, kind):  # a dict: one line, not later
+            raise MasrError(
+                f"prepare({name}=...): expected {kind.__name__}, not {type(value).__name__} "
+                f"{value!r:.60}"
+            )
     check_parents(out, "--out")  # before the lock beside it is made
     with locked(lock_path(out), "masr prep"):
         target = Path(out).absolute()

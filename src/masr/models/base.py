@@ -69,6 +69,14 @@ class ModelConfig:
     #: (e.g. Caser's ``L`` -> ``window``)
     setting_aliases: ClassVar[dict[str, str]] = {}
 
+    def __post_init__(self) -> None:
+        # a config built in Python (no command line parsed its values): text where a number
+        # belongs is one line naming the setting here, not a TypeError deep inside training
+        from masr.config import MODEL_OPTIONS, check_kinds
+
+        check_kinds(self, {f: f"--{f}" if f in MODEL_OPTIONS else f"--set {f}="
+                           for f in self.__dataclass_fields__})
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

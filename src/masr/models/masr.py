@@ -97,6 +97,7 @@ class MASRConfig(ModelConfig):
     parts: dict[str, str] = field(default_factory=lambda: {"mdr": "mdr", "mass": "mass"})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.alpha = check_alpha(self.alpha)
 
 

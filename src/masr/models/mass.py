@@ -128,6 +128,7 @@ class MASSConfig(ModelConfig):
     song_init: str = "random"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_common("mass", self.dim, self.dropout, self.init_std)
         for name, value, allowed in (
             ("context", self.context, MASS_CONTEXTS),

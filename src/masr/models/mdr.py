@@ -63,6 +63,7 @@ class MDRConfig(ModelConfig):
     dropout_mode: str = "element"  # MDR_DROPOUT_MODES: the paper's per element, or per row
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_common("mdr", self.dim, self.dropout, self.init_std)
         if self.terms not in MDR_TERMS:
             raise MasrError(f"mdr terms: {self.terms!r} is not one of {', '.join(MDR_TERMS)}")
