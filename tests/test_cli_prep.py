@@ -238,3 +238,18 @@ def test_synth_writes_csv_to_stdout_and_refuses_unknown_types(tmp_path):
     assert not (tmp_path / "-").exists()
     _fails(["synth", "--users", "5", "--out", str(tmp_path / "s.json")], "unknown file type")
     assert not (tmp_path / "s.json").exists()
+
+
+def test_prep_refuses_out_inside_the_input_folder_and_the_root(tmp_path):
+    """A folder of Parquet parts is read whole (rglob): an --out inside it would be written
+    among the parts and read as input next time, so it is refused; so is the root folder,
+    which has no name for the lock beside it (QA: a ValueError traceback)."""
+    src = tmp_path / "s.parquet"
+    _ok(["synth", "--out", str(src), "--users", "40"])
+    parts = tmp_path / "table"
+    parts.mkdir()
+    pl.read_parquet(src).write_parquet(parts / "part-00000.parquet")
+    (parts / "_SUCCESS").write_text("")
+    _fails(["prep", str(parts), "--out", str(parts / "data")], "inside the input folder")
+    assert sorted(p.name for p in parts.iterdir()) == ["_SUCCESS", "part-00000.parquet"]
+    _fails(["prep", str(src), "--out", "/"], "root folder")

@@ -199,8 +199,8 @@ def check_replaceable_dir(
     that exists and is not a folder (a file, the input itself), a folder that is neither empty
     nor an earlier output of this kind (no ``marker`` file in it: another program's files, a
     runs folder; not checked for ``marker`` None, where the caller knows its own outputs), the
-    current folder or one above it, a folder holding one of ``inputs``, or a path below a file
-    (``check_parents``)."""
+    current folder or one above it, a folder holding one of ``inputs`` or inside one (a folder
+    of Parquet parts, read whole), or a path below a file (``check_parents``)."""
     check_parents(path, option)
     target = Path(path).resolve()
     for item in inputs:
@@ -208,6 +208,11 @@ def check_replaceable_dir(
         if source == target or target in source.parents:
             what = "is" if source == target else "holds"
             raise MasrError(f"{option} {path}: {what} the input {item}; choose another {option}")
+        if source in target.parents and source.is_dir():  # a folder of parts: read them all
+            raise MasrError(
+                f"{option} {path}: is inside the input folder {item}, whose parts it would "
+                f"join; choose another {option}"
+            )
     here = Path.cwd().resolve()
     if target == here or target in here.parents:
         raise MasrError(

@@ -46,6 +46,8 @@ def lock_path(target: str | os.PathLike[str]) -> Path:
     path = Path(target)
     if not path.name:  # "." or "/"
         path = Path(os.path.abspath(path))
+    if not path.name:  # the root: nothing beside it to hold the lock, and never an output
+        raise MasrError(f"{target}: is the root folder; choose a folder below it")
     return path.with_name(path.name + ".lock")
 
 

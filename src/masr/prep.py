@@ -38,7 +38,7 @@ from masr.atomic import atomic_dir, check_parents, check_replaceable_dir, remove
 from masr.config import MAX_SONG_COUNT, check_kinds
 from masr.dataset import FORMAT_VERSION, MANIFEST, fingerprint_of
 from masr.errors import MasrError
-from masr.io import POSITION, SONG_EXTRAS, Columns, RawInput, read_interactions
+from masr.io import POSITION, SONG_EXTRAS, Columns, RawInput, check_file, read_interactions
 from masr.lock import lock_path, locked
 from masr.seed import check_seed
 
@@ -423,6 +423,8 @@ def _prepare(
     say = log or (lambda _msg: None)
     t0 = time.perf_counter()
     out = Path(out)
+    if input_path is not None:  # what is wrong with the input first (not a folder of parts...)
+        check_file(Path(input_path))
     check_replaceable_dir(out, MANIFEST, inputs=() if input_path is None else (input_path,))
     if input_path is None:
         named = [f"--{k}-col" for k, v in vars(columns).items() if v != getattr(Columns(), k)]
