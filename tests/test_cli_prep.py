@@ -253,3 +253,32 @@ def test_prep_refuses_out_inside_the_input_folder_and_the_root(tmp_path):
     _fails(["prep", str(parts), "--out", str(parts / "data")], "inside the input folder")
     assert sorted(p.name for p in parts.iterdir()) == ["_SUCCESS", "part-00000.parquet"]
     _fails(["prep", str(src), "--out", "/"], "root folder")
+
+
+def test_prep_reads_parquet_parts_whose_schemas_differ(tmp_path):
+    """Parts written by different jobs: ids as Int32 in one, Int64, Float64 (pandas with a
+    missing value elsewhere) or text in others, and a column only some parts have. They are
+    one table with the same ids (QA: 'unreadable or truncated file (data type mismatch ...)')."""
+    src = tmp_path / "s.parquet"
+    _ok(["synth", "--out", str(src), "--users", "40"])
+    frame = pl.read_parquet(src).select("user_id", "playlist_id", "track_id")
+    digits = frame.with_columns(pl.all().str.extract(r"(\d+)$").cast(pl.Int64))
+    # the same table with numeric ids, in four parts of four kinds
+    parts = tmp_path / "table"
+    parts.mkdir()
+    n = frame.height // 4
+    kinds = [pl.Int32, pl.Int64, pl.Float64, pl.String]
+    for i, kind in enumerate(kinds):
+        chunk = digits.slice(i * n, n if i < 3 else None).cast(kind)
+        if i == 3:
+            chunk = chunk.with_columns(pl.lit("x").alias("added_later"))
+        chunk.write_parquet(parts / f"part-{i:05d}.parquet")
+    (parts / "_SUCCESS").write_text("")
+    _ok(["prep", str(parts), "--out", str(tmp_path / "b")])
+    whole = tmp_path / "whole.parquet"
+    digits.write_parquet(whole)
+    _ok(["prep", str(whole), "--out", str(tmp_path / "c")])
+    for name in ("train", "valid", "test", "songs", "playlists", "users"):
+        b = pl.read_parquet(tmp_path / "b" / f"{name}.parquet")
+        c = pl.read_parquet(tmp_path / "c" / f"{name}.parquet")
+        assert b.equals(c), name

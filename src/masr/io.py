@@ -303,9 +303,56 @@ def scan(path: Path, kind: str, gz: bool, *, empty_playlists: bool = False) -> p
         if gz:
             raise MasrError(f"{path}: gzipped Parquet is not supported; decompress it first")
         if path.is_dir():  # key=value folders become columns, as the writer meant them
-            return pl.scan_parquet(parquet_parts(path), hive_partitioning=True)
+            return _scan_parts(path)
         return pl.scan_parquet(path)
     return _without_blank_rows(_scan_text(path, kind, quote_char(path, kind)))
+
+
+def _scan_parts(path: Path) -> pl.LazyFrame:
+    """A directory of Parquet parts as one frame. Parts written at different times or by
+    different jobs may disagree on a column's type (ids as Int32 in one part and Int64 in
+    another, integers beside floats where pandas met a missing value, numbers beside text) or
+    on which columns there are (a column added later): polars reads the parts against the
+    first one's schema and fails on them. Then each part is read alone, a column whose type
+    differs between parts is read as text (a float's whole numbers without their ".0", as ids
+    are read), a column missing from a part is empty there, and the parts are joined."""
+    parts = parquet_parts(path)
+    try:
+        schemas = [dict(pl.read_parquet_schema(p)) for p in parts]
+    except Exception as exc:  # polars raises several error types for a damaged part
+        raise unreadable(path, exc, "unreadable or truncated file") from None
+    if all(s == schemas[0] for s in schemas):
+        return pl.scan_parquet(parts, hive_partitioning=True)
+    types: dict[str, set[pl.DataType]] = {}
+    for schema in schemas:
+        for name, dtype in schema.items():
+            types.setdefault(name, set()).add(dtype)
+    mixed = {name for name, kinds in types.items() if len(kinds) > 1}
+    frames = []
+    for part, schema in zip(parts, schemas, strict=True):
+        keys = [n.split("=", 1) for n in part.relative_to(path).parent.parts if "=" in n]
+        lf = pl.scan_parquet(part).with_columns(
+            pl.lit(value).alias(key) for key, value in keys if key not in schema
+        )
+        cast = [
+            _whole_text(pl.col(n), schema[n]).alias(n)
+            for n in mixed
+            if n in schema and not isinstance(schema[n], (pl.List, pl.Array, pl.Struct))
+        ]
+        frames.append(lf.with_columns(cast) if cast else lf)
+    return pl.concat(frames, how="diagonal_relaxed")
+
+
+def _whole_text(col: pl.Expr, dtype: pl.DataType) -> pl.Expr:
+    """A column as text; a float's whole numbers without their ".0" (``143.0`` is ``143``)."""
+    if not dtype.is_float():
+        return col.cast(pl.String)
+    whole = col.is_finite() & (col == col.floor()) & (col.abs() < 2.0**63)
+    return (
+        pl.when(whole)
+        .then(col.cast(pl.Int64, strict=False).cast(pl.String))
+        .otherwise(col.cast(pl.String))
+    )
 
 
 #: the field separator of each text kind ``detect_format`` tells apart
