@@ -282,3 +282,18 @@ def test_prep_reads_parquet_parts_whose_schemas_differ(tmp_path):
         b = pl.read_parquet(tmp_path / "b" / f"{name}.parquet")
         c = pl.read_parquet(tmp_path / "c" / f"{name}.parquet")
         assert b.equals(c), name
+
+
+def test_prep_out_through_a_symbolic_link_replaces_the_folder_it_names(tmp_path):
+    """--out data, where data is a link to an earlier output elsewhere (a bigger disk): that
+    folder gets the new output and the link stays (QA: the link was replaced by a folder, the
+    linked output left stale)."""
+    src = tmp_path / "s.csv"
+    _ok(["synth", "--out", str(src), "--users", "40"])
+    real = tmp_path / "disk" / "data"
+    _ok(["prep", str(src), "--out", str(real)])
+    link = tmp_path / "data"
+    link.symlink_to(real, target_is_directory=True)
+    _ok(["prep", str(src), "--out", str(link), "--seed", "3"])
+    assert link.is_symlink()
+    assert json.loads((real / "manifest.json").read_text())["seed"] == 3

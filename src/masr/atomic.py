@@ -276,9 +276,13 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary directory next to ``path``; on success it replaces ``path`` whole.
 
     An existing ``path`` is moved aside first and removed only after the new one is in place,
-    so a crash at any point leaves either the old or the new directory, never a mix.
+    so a crash at any point leaves either the old or the new directory, never a mix. A symbolic
+    link is followed (``data -> /big/disk/data``): the folder it names is replaced, the link
+    stays, as the checks before (``check_replaceable_dir``) judged that folder.
     """
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     with _creating(path):
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))

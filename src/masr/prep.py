@@ -401,6 +401,8 @@ def prepare(
                 f"prepare({name}=...): expected {kind.__name__}, not {type(value).__name__} "
                 f"{value!r:.60}"
             )
+    if Path(out).is_symlink():  # a link to the folder: the folder is the output (and locked)
+        out = Path(out).resolve()
     check_parents(out, "--out")  # before the lock beside it is made
     with locked(lock_path(out), "masr prep"):
         target = Path(out).absolute()
