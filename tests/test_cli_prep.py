@@ -297,3 +297,20 @@ def test_prep_out_through_a_symbolic_link_replaces_the_folder_it_names(tmp_path)
     _ok(["prep", str(src), "--out", str(link), "--seed", "3"])
     assert link.is_symlink()
     assert json.loads((real / "manifest.json").read_text())["seed"] == 3
+
+
+@pytest.mark.parametrize("value", [[1, 2], {"at": 1}])
+def test_prep_refuses_a_position_column_of_lists_beside_one_track_per_row(tmp_path, value):
+    """One track per row but a position column of lists (or structs): one line naming the
+    column (QA: InvalidOperationError traceback from casting a List to String)."""
+    src = tmp_path / "p.parquet"
+    n = 12
+    pl.DataFrame(
+        {
+            "user_id": ["u"] * n,
+            "playlist_id": [f"p{i % 2}" for i in range(n)],
+            "track_id": [f"t{i}" for i in range(n)],
+            "position": [value] * n,
+        }
+    ).write_parquet(src)
+    _fails(["prep", str(src), "--out", str(tmp_path / "o")], "song-order column 'position'")

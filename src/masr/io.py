@@ -694,6 +694,13 @@ def _positions(frame: pl.DataFrame, path: Path, name: str) -> pl.DataFrame:
         out = col.cast(pl.Int64)
     elif col.dtype.is_float():
         out = _float_order(col)
+    elif col.dtype.is_nested() or col.dtype == pl.Object:  # no text of one value to read
+        kind = "lists" if isinstance(col.dtype, (pl.List, pl.Array)) else "records (structs)"
+        raise MasrError(
+            f"{path}: song-order column {name!r} holds {kind}, not an integer, number, date or "
+            "datetime per row (a list goes with a list of tracks); name another with "
+            "--position-col, or drop the column"
+        )
     else:
         out = _text_order(col.cast(pl.String), path, name)
     return frame.with_columns(out.alias(POSITION))
