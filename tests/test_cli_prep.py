@@ -314,3 +314,29 @@ def test_prep_refuses_a_position_column_of_lists_beside_one_track_per_row(tmp_pa
         }
     ).write_parquet(src)
     _fails(["prep", str(src), "--out", str(tmp_path / "o")], "song-order column 'position'")
+
+
+def test_prep_an_empty_position_column_keeps_the_input_order(tmp_path):
+    """A 'position' column with no value in it (an export's placeholder) orders nothing: the
+    songs keep the input's row order and the manifest says so, with a warning (QA: every song
+    tied, so sorted by track id, and the manifest said sequence 'position')."""
+    rows = [
+        (f"u{p % 3}", f"p{p}", f"t{(7 * p + 5 * i) % 23:02d}") for p in range(12) for i in range(6)
+    ]
+    src = tmp_path / "p.csv"
+    src.write_text(
+        "user_id,playlist_id,track_id,position\n" + "".join(f"{u},{p},{t},\n" for u, p, t in rows)
+    )
+    result = _ok(["prep", str(src), "--out", str(tmp_path / "o")])
+    assert "is empty in every row" in result.stderr
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["sequence"] == "input order"
+    assert load_prepared(tmp_path / "o").manifest["sequence"] == "input order"
+    train = pl.read_parquet(tmp_path / "o" / "train.parquet")
+    assert "position" not in train.columns
+    songs = pl.read_parquet(tmp_path / "o" / "songs.parquet")["track_id"].to_list()
+    playlists = pl.read_parquet(tmp_path / "o" / "playlists.parquet")["playlist_id"].to_list()
+    for index, pid in enumerate(playlists):
+        got = [songs[s] for s in train.filter(pl.col("playlist_idx") == index)["song_idx"]]
+        given = [t for _, p, t in rows if p == pid and t in got]
+        assert got == given, pid

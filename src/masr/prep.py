@@ -537,10 +537,17 @@ def _prepare(
     position = None
     if enc.position is not None:
         position = enc.position.gather(pl.Series(rows))
+        if position.null_count() == len(position):  # a column with no position in it
+            say(
+                f"warning: song-order column {columns.position or POSITION!r} is empty in every "
+                "row kept; the songs keep the input's row order"
+            )
+            position = None
+        enc.position = None
+    if position is not None:
         low, high = position.min(), position.max()
         if low is None or (low >= -(2**31) and high < 2**31):  # else Int64 (e.g. timestamps)
             position = position.cast(pl.Int32)
-        enc.position = None
 
     # 5. write
     lengths = np.diff(indptr)
