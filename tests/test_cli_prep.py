@@ -340,3 +340,22 @@ def test_prep_an_empty_position_column_keeps_the_input_order(tmp_path):
         got = [songs[s] for s in train.filter(pl.col("playlist_idx") == index)["song_idx"]]
         given = [t for _, p, t in rows if p == pid and t in got]
         assert got == given, pid
+
+
+def test_prep_warning_for_no_validation_case_says_train_refuses(tmp_path):
+    """Three playlists sharing one song: some seeds hold out no validation song that training
+    holds. The warning says what follows, that masr train refuses the data (QA: it said only
+    'training cannot choose its epochs', and train then refused)."""
+    rows = [(f"u{p}", f"p{p}", "s0" if i == 0 else f"t{p}_{i}") for p in range(3) for i in range(5)]
+    src = tmp_path / "one.csv"
+    src.write_text("user_id,playlist_id,track_id\n" + "".join(",".join(r) + "\n" for r in rows))
+    for seed in range(20):
+        out = tmp_path / f"d{seed}"
+        result = runner.invoke(app, ["prep", str(src), "--out", str(out), "--seed", str(seed)])
+        if result.exit_code == 0 and "no valid case left" in result.stderr:
+            break
+    else:
+        pytest.skip("no seed gave a dataset without validation cases")
+    assert "masr train` refuses" in result.stderr, result.stderr
+    runs = str(tmp_path / "runs")
+    _fails(["train", "--model", "pop", "--data", str(out), "--runs", runs], "no validation cases")

@@ -525,9 +525,12 @@ def _prepare(
             "validated or tested; give more playlists, with songs in common"
         )
     if empty:  # e.g. a tiny input: preparing it is fine, say what it lacks
-        say(f"warning: no {empty[0]} case left ({why}): "
-            + ("training cannot choose its epochs" if empty[0] == "valid"
-               else "`masr evaluate` has no test case to score"))
+        split = "validation" if empty[0] == "valid" else "test"
+        say(f"warning: no {empty[0]} case left (every {split} song of the {n_playlists:,} "
+            "playlist(s) kept is in no other playlist's training songs): "
+            + ("`masr train` refuses data without validation cases (it validates every run "
+               "on them); try another --seed or give more playlists" if empty[0] == "valid"
+               else "`masr evaluate` has no test case to score (--split valid has some)"))
     if n_catalog < 2 or n_playlists < 2:
         raise MasrError(
             f"{n_playlists:,} playlist(s) and {n_catalog:,} catalog song(s) after cleaning: too "
