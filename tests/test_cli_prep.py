@@ -359,3 +359,15 @@ def test_prep_warning_for_no_validation_case_says_train_refuses(tmp_path):
     assert "masr train` refuses" in result.stderr, result.stderr
     runs = str(tmp_path / "runs")
     _fails(["train", "--model", "pop", "--data", str(out), "--runs", runs], "no validation cases")
+
+
+def test_prep_refuses_out_inside_another_prepared_folder(tmp_path):
+    """masr prep replaces its folder whole, so a prepared dataset written inside another would
+    go with the next prep of the outer one: refused, as train --runs is (QA: accepted)."""
+    src = tmp_path / "s.csv"
+    _ok(["synth", "--out", str(src), "--users", "40"])
+    outer = tmp_path / "data"
+    _ok(["prep", str(src), "--out", str(outer)])
+    _fails(["prep", str(src), "--out", str(outer / "small")], "inside the prepared data folder")
+    assert not (outer / "small").exists()
+    _ok(["prep", str(src), "--out", str(outer)])  # the folder itself: replaced, as before

@@ -143,14 +143,15 @@ def check_prepared(data: object, what: str = "data") -> None:
         )
 
 
-def check_outside_prepared(path: str | Path, option: str) -> None:
+def check_outside_prepared(path: str | Path, option: str, *, itself: bool = True) -> None:
     """Refuse (MasrError) an output folder that is or lies inside a ``masr prep`` folder (one
     holding masr prep's manifest.json: another program's file of that name does not count),
-    which ``masr prep`` replaces whole, the output with it."""
+    which ``masr prep`` replaces whole, the output with it. ``itself=False``: only a folder
+    above it counts (``masr prep --out`` may name an earlier prep folder, not one inside one)."""
     from masr.atomic import check_not_inside, resolved
 
     target = resolved(path, option)
-    for folder in (target, *target.parents):
+    for folder in (target, *target.parents) if itself else target.parents:
         manifest = folder / MANIFEST
         if not manifest.is_file():
             continue

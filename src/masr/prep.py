@@ -36,7 +36,7 @@ import polars as pl
 
 from masr.atomic import atomic_dir, check_parents, check_replaceable_dir, remove_temp_entries
 from masr.config import MAX_SONG_COUNT, check_kinds
-from masr.dataset import FORMAT_VERSION, MANIFEST, fingerprint_of
+from masr.dataset import FORMAT_VERSION, MANIFEST, check_outside_prepared, fingerprint_of
 from masr.errors import MasrError
 from masr.io import POSITION, SONG_EXTRAS, Columns, RawInput, check_file, read_interactions
 from masr.lock import lock_path, locked
@@ -428,6 +428,7 @@ def _prepare(
     if input_path is not None:  # what is wrong with the input first (not a folder of parts...)
         check_file(Path(input_path))
     check_replaceable_dir(out, MANIFEST, inputs=() if input_path is None else (input_path,))
+    check_outside_prepared(out, "--out", itself=False)  # a prep of that folder would remove it
     if input_path is None:
         named = [f"--{k}-col" for k, v in vars(columns).items() if v != getattr(Columns(), k)]
         if named:  # the embedded dataset has its own columns: a name given means an INPUT
