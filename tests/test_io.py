@@ -253,6 +253,14 @@ def test_million_playlist_dataset_json(tmp_path):
     broken.write_text('{"playlists": [')
     with pytest.raises(MasrError, match="unreadable JSON"):
         read_interactions(broken)
+    # other JSON shapes say what JSON is read and what to give instead (a list of records was
+    # read as a CSV with a column named '[{"user_id":...'; one record per line: a parser error)
+    record = '{"user_id": "u", "playlist_id": "p", "track_id": "t"}'
+    for name, text in (("records.json", f"[{record}, {record}]"),
+                       ("lines.json", f"{record}\n{record}\n")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(MasrError, match="layout .*give other data .* as CSV, TSV or Parquet"):
+            read_interactions(tmp_path / name)
 
 
 def test_a_ragged_row_is_named_in_the_files_terms(tmp_path):
@@ -452,6 +460,13 @@ def test_positions_as_dates_floats_and_text(tmp_path):
             continue
         assert got[1] < got[2] < got[0], (name, got)
     assert _order(tmp_path / "whole.parquet", position="whole") == [3, 1, 2]
+    # integers beyond Int64, as text or as UInt64, keep their exact order (as floats they tie)
+    huge = [str(10**20 + 3), str(10**20 + 1), str(10**20 + 2)]
+    pl.DataFrame({**base, "huge": huge}).write_parquet(tmp_path / "huge.parquet")
+    assert _order(tmp_path / "huge.parquet", position="huge") == [3, 1, 2]
+    wide = pl.Series("wide", [2**64 - 1, 2**63, 2**63 + 5], dtype=pl.UInt64)
+    pl.DataFrame({**base}).with_columns(wide).write_parquet(tmp_path / "wide.parquet")
+    assert _order(tmp_path / "wide.parquet", position="wide") == [3, 1, 2]
     # one unit however the date came: a Date, a Datetime in ns or ms and ISO text all read as
     # microseconds since the epoch
     day_us = 86_400 * 10**6
@@ -462,6 +477,17 @@ def test_positions_as_dates_floats_and_text(tmp_path):
         frame = pl.DataFrame({**base, "when": cases["datetime"]})
         frame.with_columns(pl.col("when").cast(pl.Datetime(unit))).write_parquet(path)
         assert _order(path, position="when") == _order(tmp_path / "iso.parquet", position="iso")
+
+
+def test_an_id_column_of_records_is_refused(tmp_path):
+    """A struct where an id belongs was read as the text '{"t0"}'."""
+    ids = [{"uri": f"t{i}"} for i in range(3)]
+    path = tmp_path / "structs.parquet"
+    pl.DataFrame({"user_id": ["u"] * 3, "playlist_id": ["p"] * 3, "track_id": ids}).write_parquet(
+        path
+    )
+    with pytest.raises(MasrError, match="id column 'track_id' \\(--track-col\\) holds records"):
+        read_interactions(path)
 
 
 def test_bad_position_names_the_value(tmp_path):

@@ -86,7 +86,7 @@ def detect_format(path: Path, head: bytes) -> tuple[str, bool]:
     text = _text_head(head, gz)
     if gz and text.startswith(_PARQUET_MAGIC):  # whatever its name, standard input included
         raise MasrError(f"{path}: gzipped Parquet is not supported; decompress it first")
-    if text.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
+    if text.lstrip(b"\xef\xbb\xbf \t\r\n").startswith((b"{", b"[")):  # "[": records
         return "json", gz
     for magic, name in _OTHER_MAGIC.items():
         if text.startswith(magic):
@@ -359,6 +359,14 @@ def _whole_text(col: pl.Expr, dtype: pl.DataType) -> pl.Expr:
 _SEPARATORS = {"csv": ",", "tsv": "\t", "csv-semicolon": ";", "csv-pipe": "|"}
 
 
+#: what JSON input must be, said when it is not
+MPD_LAYOUT = (
+    "JSON input is read in the Million Playlist Dataset's layout "
+    '({"playlists": [{"pid": ..., "tracks": [{"track_uri": ..., "pos": ...}]}]}); give other '
+    "data (a list of records, one record per line) as CSV, TSV or Parquet"
+)
+
+
 def mpd_json(path: Path, *, empty_playlists: bool = False) -> pl.LazyFrame:
     """Million Playlist Dataset slices (a ``.json`` file, plain or gzipped, or a directory of
     them): ``{"playlists": [{"pid", "tracks": [{"pos", "track_uri", ...}, ...], ...}, ...]}`` as
@@ -377,17 +385,14 @@ def mpd_json(path: Path, *, empty_playlists: bool = False) -> pl.LazyFrame:
                 data = zlib.decompress(data, wbits=31)
             df = pl.read_json(io.BytesIO(data))
         except Exception as exc:  # zlib and polars raise several error types
-            raise MasrError(f"{part}: unreadable JSON ({one_line(exc)})") from None
+            # e.g. one record per line (NDJSON): not the layout, whatever the parser says
+            raise MasrError(f"{part}: unreadable JSON ({one_line(exc)}); {MPD_LAYOUT}") from None
         if _empty_slice(df):  # {"playlists": []}: in the layout, with nothing in it
             continue
         playlist = _struct_fields(df.schema.get("playlists"))
         track = _struct_fields(playlist.get("tracks"))
         if "pid" not in playlist or "track_uri" not in track:
-            raise MasrError(
-                f"{part}: JSON input is read in the Million Playlist Dataset's layout "
-                '({"playlists": [{"pid": ..., "tracks": [{"track_uri": ..., "pos": ...}]}]}); '
-                "give other data as CSV, TSV or Parquet"
-            )
+            raise MasrError(f"{part}: {MPD_LAYOUT}")
         lists = df.select(pl.col("playlists").explode()).unnest("playlists")
         lists = lists.select("pid", "tracks").with_row_index("_order")
         # (an empty list explodes to a null row in polars 1, to none in polars 2: drop both)
@@ -515,6 +520,12 @@ def id_columns(
             f"(found: {_found(names)}); name the right one with {hint}"
         )
     dtypes = schema if isinstance(schema, pl.Schema) else {}
+    for key, column in found.items():  # a record has no one text to be an id ('{"t0"}')
+        if isinstance(dtypes.get(column), (pl.Struct, pl.Object)):
+            raise MasrError(
+                f"{path}: id column {column!r} (--{key}-col) holds records (structs), not one "
+                "id per row; name the column with the ids, or flatten it first"
+            )
     return [_id_text(pl.col(c), dtypes.get(c)).alias(k) for k, c in found.items()]
 
 
@@ -685,7 +696,9 @@ def _positions(frame: pl.DataFrame, path: Path, name: str) -> pl.DataFrame:
     ISO dates or datetimes, or numbers likewise. Anything else is one error line naming the
     value."""
     col = frame[POSITION]
-    if col.dtype.is_integer():
+    if col.dtype == pl.UInt64 and (col.max() or 0) >= 2**63:  # beyond Int64: by rank, exact
+        out = col.rank("dense").cast(pl.Int64)
+    elif col.dtype.is_integer():
         out = col.cast(pl.Int64)
     elif col.dtype == pl.Date or isinstance(col.dtype, pl.Datetime):
         # one unit whatever the input's (days, ms, ns): microseconds, as text dates are read
@@ -727,6 +740,10 @@ def _text_order(text: pl.Series, path: Path, name: str) -> pl.Series:
     as_int = text.cast(pl.Int64, strict=False)
     if not (as_int.is_null() & given).any():
         return as_int
+    if (text.str.contains(r"^[+-]?\d+$") | ~given).all():  # integers beyond Int64: exact order
+        exact = text.cast(pl.Decimal(38, 0), strict=False)  # (as floats they would tie)
+        if not (exact.is_null() & given).any():
+            return exact.rank("dense").cast(pl.Int64)
     try:
         as_time = text.str.to_datetime(strict=False, time_unit="us")
     except Exception:  # noqa: BLE001 - polars raises several types when no format is inferred
