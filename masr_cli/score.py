@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -151,16 +152,29 @@ def command(
     given = {"user": user_col, "playlist": playlist_col, "track": track_col}
     columns = input_columns(check_model_path(model), given, log_line)
     config = replace(config, columns=columns)
-    if str(input) == "-":
-        summary = _score_stdin(model, out, config)
+    if str(input) == "-" or _is_pipe(input):
+        summary = _score_spooled(input, model, out, config)
     else:
         summary = score_file(input, model, out, config, log=log_line)
     console.print(summary.line(), highlight=False, soft_wrap=True)
 
 
-def _score_stdin(model: Path, out: Path | None, config: ScoreConfig) -> ScoreSummary:
-    """INPUT `-`: standard input spooled to a private temporary file (the reader needs a file
-    it can scan twice and tell the format of: CSV, TSV, Parquet, gzipped or not), removed after."""
+def _is_pipe(path: Path) -> bool:
+    """A named pipe, e.g. ``<(zcat playlists.csv.gz)``: read once, so spooled as ``-`` is."""
+    import stat
+
+    try:
+        return stat.S_ISFIFO(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def _score_spooled(
+    input: Path, model: Path, out: Path | None, config: ScoreConfig
+) -> ScoreSummary:
+    """INPUT `-` (standard input) or a named pipe: spooled to a private temporary file (the
+    reader needs a file it can scan twice and tell the format of: CSV, TSV, Parquet, gzipped
+    or not), removed after."""
     import shutil
     import sys
     import tempfile
@@ -168,15 +182,18 @@ def _score_stdin(model: Path, out: Path | None, config: ScoreConfig) -> ScoreSum
     from masr.errors import MasrError
     from masr.score import score_file
 
+    stdin = str(input) == "-"
+    name = "standard input" if stdin else str(input)
     if config.engine != "local":
-        raise MasrError("INPUT -: standard input is read here; --engine ray needs a file")
-    if sys.stdin.isatty():
+        raise MasrError(f"INPUT {input}: {name} is read here; --engine ray needs a file")
+    if stdin and sys.stdin.isatty():
         raise MasrError("INPUT -: standard input is a terminal; pipe a file in: masr score - < F")
     with tempfile.TemporaryDirectory(prefix="masr-stdin-") as tmp:
         path = Path(tmp) / "stdin"
-        with open(path, "wb") as fh:
-            shutil.copyfileobj(sys.stdin.buffer, fh, 1 << 20)
+        with open(path, "wb") as fh, \
+                (contextlib.nullcontext(sys.stdin.buffer) if stdin else open(input, "rb")) as src:
+            shutil.copyfileobj(src, fh, 1 << 20)
         try:
             return score_file(path, model, out, config, log=log_line)
         except MasrError as exc:  # name the input as the user gave it, not the spool file
-            raise MasrError(str(exc).replace(str(path), "standard input")) from None
+            raise MasrError(str(exc).replace(str(path), name)) from None

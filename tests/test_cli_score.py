@@ -177,6 +177,53 @@ def test_score_reads_standard_input_as_a_file(tmp_path: Path, model: Path) -> No
     assert ray.exit_code == 1 and "--engine ray needs a file" in ray.stderr
 
 
+def test_score_reads_a_named_pipe_as_standard_input(tmp_path: Path, model: Path) -> None:
+    """INPUT a named pipe (``<(zcat f.csv.gz)``): spooled as ``-`` is, the same CSV (QA: it hung,
+    deaf to SIGTERM, reopening a pipe whose writer was gone). masr prep, which cannot take
+    one, says so in one line."""
+    import threading
+
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    expected = runner.invoke(app, ["score", str(src), "--model", str(model), "--k", "3"]).stdout
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(gzip.compress(ROWS.encode())),
+                              daemon=True)
+    writer.start()
+    result = runner.invoke(app, ["score", str(fifo), "--model", str(model), "--k", "3"])
+    writer.join(timeout=60)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == expected
+    prep = runner.invoke(app, ["prep", str(fifo), "--out", str(tmp_path / "data")])
+    assert prep.exit_code == 1 and "not a regular file (a pipe or a device)" in prep.stderr
+
+
+def test_score_out_gzip_lock_and_places_it_refuses(tmp_path: Path, runs: Path, model: Path) -> None:
+    """--out NAME.gz is gzipped CSV (QA: plain CSV under a .gz name); a .parquet name and a place
+    inside prepared data (which the next masr prep replaces whole) are refused in one line; a
+    killed score's temporary file beside --out is removed by the next score to it."""
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    expected = runner.invoke(app, ["score", str(src), "--model", str(model)]).stdout
+    packed = tmp_path / "recs.csv.gz"
+    left = tmp_path / ".recs.csv.gz.abcd1234.tmp"  # what a SIGKILL leaves
+    left.write_bytes(b"half")
+    result = runner.invoke(app, ["score", str(src), "--model", str(model), "--out", str(packed)])
+    assert result.exit_code == 0, result.stderr
+    assert gzip.decompress(packed.read_bytes()).decode() == expected
+    assert not left.exists() and "removed the temporary file of an earlier" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", "recs.csv.gz"]  # no lock
+    data = Path(json.loads((runs / "mdr" / "run.json").read_text())["data"]["path"])
+    for out, message in (
+        (tmp_path / "recs.parquet", "masr score writes CSV"),
+        (data / "recs.csv", "inside the prepared data folder"),
+    ):
+        refused = runner.invoke(app, ["score", str(src), "--model", str(model), "--out", str(out)])
+        assert refused.exit_code == 1 and message in refused.stderr, refused.stderr
+        assert not out.exists()
+
+
 def test_score_out_file_and_defaults_from_the_working_directory(
     tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -654,6 +701,19 @@ def test_export_replaces_an_earlier_export_only(tmp_path: Path, runs: Path) -> N
     for _ in range(2):
         result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(out)])
         assert result.exit_code == 0, result.stderr
+    # the files written beside --out too (QA: another program's m2.onnx.json was replaced)
+    mine = tmp_path / "m2.onnx.json"
+    mine.write_text('{"mine": 1}')
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(tmp_path / "m2.onnx")])
+    assert result.exit_code == 1 and "m2.onnx.json exists and is not a masr export's" in (
+        result.stderr
+    )
+    assert mine.read_text() == '{"mine": 1}' and not (tmp_path / "m2.onnx").exists()
+    out.unlink()  # an earlier export's files without its model: still its own, replaced
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    a_file = runner.invoke(app, ["export", "--runs", str(notes), "--out", str(out)])
+    assert a_file.exit_code == 1 and "is a file, not the folder" in a_file.stderr
 
 
 def test_export_out_naming_a_folder_is_refused(tmp_path: Path, runs: Path) -> None:

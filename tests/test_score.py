@@ -465,7 +465,7 @@ def test_input_columns_default_to_the_training_datas(tmp_path: Path, exported: P
     frame.write_csv(tmp_path / "in.csv")
     summary = score_file(tmp_path / "in.csv", model, tmp_path / "o.csv", ScoreConfig(k=3))
     assert summary.playlists == 1 and read_out(tmp_path / "o.csv").height == 3
-    with pytest.raises(MasrError, match="missing column 'user_id'.*--user-col"):
+    with pytest.raises(MasrError, match="missing columns 'user_id'.*--user-col"):
         score_file(tmp_path / "in.csv", model, None, ScoreConfig(k=3, columns=Columns()))
 
 

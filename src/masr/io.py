@@ -283,6 +283,12 @@ def check_file(path: Path) -> bytes:
                 "read; give one file, or a directory of Parquet parts only"
             )
         return _PARQUET_MAGIC
+    if not path.is_file():  # a named pipe (or <(...)), a device: it cannot be read twice
+        raise MasrError(
+            f"{path}: not a regular file (a pipe or a device), and the input is read more than "
+            "once (its start, then its rows); save it to a file first, or give it to masr score "
+            "on standard input (INPUT -)"
+        )
     try:
         with open(path, "rb") as fh:
             head = fh.read(4096)
@@ -516,7 +522,8 @@ def id_columns(
             # perhaps no user column at all, as in MPD: every playlist its own user
             hint += f" (none in the file: --user-col {wanted['playlist']}, one user per playlist)"
         raise MasrError(
-            f"{path}: missing column {', '.join(repr(m) for m in missing)} "
+            f"{path}: missing column{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(repr(m) for m in missing)} "
             f"(found: {_found(names)}); name the right one with {hint}"
         )
     dtypes = schema if isinstance(schema, pl.Schema) else {}

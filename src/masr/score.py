@@ -27,6 +27,7 @@ and everything it imports never import torch.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import json
 import os
@@ -41,8 +42,14 @@ from typing import IO, Any
 import numpy as np
 import polars as pl
 
-from masr.atomic import atomic_file, check_output_file, check_replaceable_dir
+from masr.atomic import (
+    atomic_file,
+    check_output_file,
+    check_replaceable_dir,
+    remove_temp_entries,
+)
 from masr.config import ScoreConfig
+from masr.dataset import check_outside_prepared
 from masr.errors import MasrError
 from masr.io import (
     Columns,
@@ -53,6 +60,7 @@ from masr.io import (
     scan,
     unreadable,
 )
+from masr.lock import lock_path, locked
 from masr.onnx_format import (
     FORMAT,
     ID_MAP_SIZES,
@@ -761,12 +769,30 @@ def score_file(
         if out is None:
             _write_all(lf, input, exported, stdout_bytes(), config, summary)
         else:
-            with atomic_file(out, "wb") as fh:
+            with csv_output(out, say) as fh:
                 _write_all(lf, input, exported, fh, config, summary)
     finally:
         exported.close()
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+@contextlib.contextmanager
+def csv_output(out: str | Path, say: Callable[[str], None]) -> Iterator[IO[bytes]]:
+    """The CSV ``--out``: written aside and renamed when complete (``atomic_file``), gzipped
+    when its name ends in ``.gz``, under ``OUT.lock`` (one writer per ``--out``), which lets a
+    killed score's temporary file be removed first. A device or a pipe is written in place."""
+    out = Path(out)
+    direct = out.exists() and not out.is_file()
+    with contextlib.nullcontext() if direct else locked(lock_path(out), "masr score"):
+        if not direct and remove_temp_entries(out.parent, [out.name]):
+            say(f"removed the temporary file of an earlier, killed masr score --out {out}")
+        with atomic_file(out, "wb") as fh:
+            if not out.name.lower().endswith(".gz"):
+                yield fh
+                return
+            with gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0) as packed:
+                yield packed  # type: ignore[misc]
 
 
 def check_model_path(path: str | Path) -> Path:
@@ -861,6 +887,8 @@ def check_paths(
     (one line each). Returns the input's frame (``_scan``), which
     ``_playlist_chunks`` reads: scanned once (MPD JSON is parsed whole when scanned)."""
     lf = _scan(input, config.columns)
+    if out is not None:  # masr prep replaces its folder whole, a file put there with it
+        check_outside_prepared(out, "--out")
     if config.out_format == "parquet":
         if out is None:
             raise MasrError("--format parquet: needs --out DIR (a directory of Parquet files)")
@@ -882,6 +910,12 @@ def check_paths(
                                                     for p in model_files)):
             if Path(out).exists() and part.exists() and Path(out).samefile(part):
                 raise MasrError(f"--out {out}: is {what}; give another file name")
+        if Path(out).suffix.lower() in (".parquet", ".pq"):
+            raise MasrError(
+                f"--out {out}: masr score writes CSV (playlist_id,rank,track_id,score); name it "
+                ".csv, or .csv.gz for gzip (--engine ray --format parquet --out DIR writes "
+                "Parquet parts)"
+            )
     return lf
 
 

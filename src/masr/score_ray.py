@@ -36,7 +36,7 @@ from typing import IO, Any
 import numpy as np
 import polars as pl
 
-from masr.atomic import atomic_dir, atomic_file
+from masr.atomic import atomic_dir
 from masr.config import ScoreConfig
 from masr.errors import MasrError
 from masr.io import one_line
@@ -51,6 +51,7 @@ from masr.score import (
     _rows_out,
     _two_stage,
     check_paths,
+    csv_output,
     fallback_of,
     member_lists,
     plan_batches,
@@ -286,7 +287,7 @@ def score_ray(
                 elif out is None:
                     _write_csv(dataset, stdout_bytes(), ends)
                 else:
-                    with atomic_file(out, "wb") as fh:
+                    with csv_output(out, say) as fh:
                         _write_csv(dataset, fh, ends)
         except MasrError:
             raise

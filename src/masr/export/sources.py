@@ -55,6 +55,8 @@ def resolve_sources(runs_dir: str | Path, kind: str | None) -> tuple[str, list[S
 
     Without ``kind``: AMASR when its parts (or its fusion run) exist, else MASR."""
     runs_dir = Path(runs_dir)
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise MasrError(f"--runs {runs_dir}: is a file, not the folder masr train writes runs to")
     if not runs_dir.is_dir():
         raise MasrError(f"--runs {runs_dir}: no such directory; train first (masr train)")
     looked: list[str] = []
@@ -73,10 +75,12 @@ def resolve_sources(runs_dir: str | Path, kind: str | None) -> tuple[str, list[S
     what = kind or "AMASR or MASR"
     have = sorted(p.parent.name for p in map(Path, dict.fromkeys(looked)) if p.is_file())
     found = f"; it has {', '.join(have)} only" if have else ""
+    fusion = kind in (None, "amasr", "masr")  # a fusion: two parts, or its fusion run
+    needs = "an MDR and a MASS part, or the fusion run" if fusion else f"the {kind} run"
     raise MasrError(
-        f"--runs {runs_dir}: no trained {what}: the export needs an MDR and a MASS part, or "
-        f"the fusion run (looked for {', '.join(dict.fromkeys(looked))}){found}; "
-        f"train it first: masr train --model {kind or 'amasr'}"
+        f"--runs {runs_dir}: no trained {what}: the export needs {needs} (looked for "
+        f"{', '.join(dict.fromkeys(looked))}){found}; train it first: masr train --model "
+        f"{kind or 'amasr'}"
     )
 
 
