@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
-import typer
+try:  # Ctrl-C while the commands load (QA: a KeyboardInterrupt traceback): one line, 130
+    import typer
 
-from masr_cli import analyze, evaluate, export, prep, reproduce, score, synth, train
-from masr_cli._common import handle_errors, unwrap
+    from masr_cli import analyze, evaluate, export, prep, reproduce, score, synth, train
+    from masr_cli._common import handle_errors, unwrap
+except KeyboardInterrupt:
+    sys.stderr.write("masr: error: interrupted\n")
+    raise SystemExit(130) from None
 
 app = typer.Typer(
     name="masr",
@@ -84,6 +89,9 @@ def run() -> None:
         sys.exit(2)
     try:
         code = app(standalone_mode=False)
+    except KeyboardInterrupt:  # outside a command's own handling (parsing, the callback)
+        typer.echo("masr: error: interrupted", err=True)
+        sys.exit(130)
     except typer.Abort:
         typer.echo("masr: error: aborted", err=True)
         sys.exit(1)

@@ -400,6 +400,25 @@ def _build(
             compile=options.compile,
             log=log,
         )
+        # finishing inside the try: a Ctrl-C or SIGTERM while the final run.json is written
+        # (QA: it left status "running" and no --resume hint) marks the run interrupted
+        log(f"{run}: {stop_reason(result, train_cfg)}")
+        # the full-ranking validation cases it ranked (a --time-limit may have cut them)
+        info["train_config"]["valid_sample"] = result.extra["valid_sample"]
+        info.update(
+            status="finished",
+            finished=now(),
+            best={
+                "epoch": result.best_epoch,
+                "valid": result.best_valid,
+                "valid_full": result.extra.get("best_valid_full", {}),
+            },
+            stopped_early=result.stopped_early,
+            stopped_by_time_limit=result.extra.get("stopped_by_time_limit", False),
+            seconds=round(result.seconds, 3),
+            wall_seconds=round(time.perf_counter() - started, 3),
+        )
+        write_run_json(run_dir, info)
     except BaseException as exc:  # Ctrl-C, SIGTERM, an error: the run says it did not finish
         if world().is_main:
             stopped = isinstance(exc, KeyboardInterrupt)
@@ -419,23 +438,6 @@ def _build(
                 log(f"{run}: interrupted in its first epoch (nothing saved to resume from); "
                     f"{how_to_go_on(command, saved=False)}")
         raise
-    log(f"{run}: {stop_reason(result, train_cfg)}")
-    # the full-ranking validation cases it ranked (a --time-limit may have cut them)
-    info["train_config"]["valid_sample"] = result.extra["valid_sample"]
-    info.update(
-        status="finished",
-        finished=now(),
-        best={
-            "epoch": result.best_epoch,
-            "valid": result.best_valid,
-            "valid_full": result.extra.get("best_valid_full", {}),
-        },
-        stopped_early=result.stopped_early,
-        stopped_by_time_limit=result.extra.get("stopped_by_time_limit", False),
-        seconds=round(result.seconds, 3),
-        wall_seconds=round(time.perf_counter() - started, 3),
-    )
-    write_run_json(run_dir, info)
     return RunOutcome(
         run,
         "resumed" if resume_state else "trained",
