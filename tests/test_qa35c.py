@@ -79,3 +79,50 @@ def test_ctrl_c_while_the_commands_load_is_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip() == "masr: error: interrupted"
+
+
+def _flip_bytes(path: Path) -> None:
+    """Change bytes inside a tensor's data: the zip's directory stays whole."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        entry = max(archive.infolist(), key=lambda info: info.file_size)
+    raw = bytearray(path.read_bytes())
+    at = entry.header_offset  # the local header's own name and extra lengths
+    start = at + 30 + int.from_bytes(raw[at + 26:at + 28], "little")
+    start += int.from_bytes(raw[at + 28:at + 30], "little")
+    for i in range(start + 8, start + 40):
+        raw[i] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def test_a_checkpoint_with_changed_bytes_is_refused_not_loaded(tmp_path: Path) -> None:
+    """QA: 20 flipped bytes in last.pt and --resume trained on from the changed weights (loss
+    325126 instead of 5.04, other figures, exit 0); in best.pt, evaluate scored the changed
+    model and train reused it. torch.load checks no CRC: load_checkpoint does, and a finished
+    run whose best.pt is changed is made again."""
+    import pytest
+    from conftest import write_planted
+
+    from masr.checkpoint import load_checkpoint
+    from masr.errors import MasrError
+    from masr.runs.store import intact_checkpoint
+
+    torch.set_num_threads(1)
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *TINY]
+    assert runner.invoke(app, base).exit_code == 0
+    best, last = runs / "mdr" / "best.pt", runs / "mdr" / "last.pt"
+    assert intact_checkpoint(best) and load_checkpoint(last)["epoch"] == 2
+    _flip_bytes(last)
+    with pytest.raises(MasrError, match="last.pt: damaged"):
+        load_checkpoint(last)
+    _flip_bytes(best)
+    assert not intact_checkpoint(best)
+    said = runner.invoke(app, ["evaluate", "--data", str(data), "--runs", str(runs),
+                               "--threads", "1"])
+    assert said.exit_code == 1 and "best.pt: damaged" in said.stderr
+    again = runner.invoke(app, base)
+    assert again.exit_code == 0, again.stderr
+    load_checkpoint(best)

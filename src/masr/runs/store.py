@@ -191,14 +191,15 @@ def earlier_parts(run_dir: str | Path, info: dict[str, Any] | None = None) -> li
 
 
 def intact_checkpoint(path: str | Path) -> bool:
-    """Whether the checkpoint at ``path`` is whole as far as a cheap look can tell: torch.save
-    writes a zip archive whose directory comes last, so a file cut short (a full disk, a copy
-    stopped halfway) has none. The tensors themselves are checked only when loaded."""
+    """Whether the checkpoint at ``path`` is whole: torch.save writes a zip archive whose
+    directory comes last, so a file cut short (a full disk, a copy stopped halfway) has none,
+    and every entry's bytes must match their CRC-32 (a changed byte; QA: reused silently)."""
     import zipfile
 
     try:
-        return zipfile.is_zipfile(path)
-    except OSError:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except Exception:  # OSError, BadZipFile, a damaged entry header
         return False
 
 
