@@ -126,3 +126,25 @@ def test_a_checkpoint_with_changed_bytes_is_refused_not_loaded(tmp_path: Path) -
     again = runner.invoke(app, base)
     assert again.exit_code == 0, again.stderr
     load_checkpoint(best)
+
+
+def test_tables_of_another_prep_are_one_line_not_an_index_error(tmp_path: Path) -> None:
+    """QA: valid/test/train/playlists.parquet of another `masr prep` (a copy, or a folder read
+    while `masr prep` replaced it) was an IndexError or ValueError traceback."""
+    import shutil
+
+    import pytest
+    from conftest import write_planted
+
+    from masr.dataset import load_prepared
+    from masr.errors import MasrError
+
+    data = write_planted(tmp_path / "data")
+    other = write_planted(tmp_path / "other", users_per_group=5, playlists_per_user=4)
+    load_prepared(data)
+    for table in ("valid", "test", "train", "playlists"):
+        mixed = tmp_path / f"mixed-{table}"
+        shutil.copytree(data, mixed)
+        shutil.copy(other / f"{table}.parquet", mixed / f"{table}.parquet")
+        with pytest.raises(MasrError, match=f"{table}.parquet does not match manifest.json"):
+            load_prepared(mixed)

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -184,6 +185,30 @@ def _check_manifest(manifest: object, path: Path) -> None:
         )
 
 
+def _check_indices(path: Path, manifest: dict[str, Any], **tables: pl.DataFrame) -> None:
+    """MasrError when a table's indices go past the sizes manifest.json gives (QA: a table
+    from another `masr prep`, or one read while `masr prep` replaced the folder, was an
+    IndexError traceback)."""
+    bounds = {
+        "playlist_idx": int(manifest["playlists"]),
+        "user_idx": int(manifest["users"]),
+        "song_idx": int(manifest["catalog_songs"]),
+        "negatives": int(manifest["catalog_songs"]),
+    }
+    for name, frame in tables.items():
+        for column, bound in bounds.items():
+            if column not in frame.columns or frame.height == 0:
+                continue
+            values = frame[column].explode() if column == "negatives" else frame[column]
+            low, high = values.min(), values.max()
+            if values.null_count() or low is None or low < 0 or high >= bound:
+                raise MasrError(
+                    f"{path}: {name}.parquet does not match manifest.json ({column} past its "
+                    f"{bound:,}); the tables come from different `masr prep` runs: rerun "
+                    "`masr prep`"
+                )
+
+
 def load_prepared(path: str | Path, cases: bool = True) -> PreparedData:
     """Read a ``masr prep`` output directory; a clear MasrError when it is missing or broken.
     ``cases=False`` leaves the validation and test cases out (empty): what needs only the
@@ -230,6 +255,16 @@ def load_prepared(path: str | Path, cases: bool = True) -> PreparedData:
         )
     except Exception as exc:  # polars raises several types for corrupt files
         raise MasrError(f"{path}: cannot read prepared tables ({exc})") from None
+    try:  # a `masr prep` that replaced the folder while it was read: tables of two preps
+        changed = json.loads(manifest_path.read_text()) != manifest
+    except (OSError, ValueError):
+        changed = True
+    if changed:
+        raise MasrError(
+            f"{path}: replaced while it was read (a `masr prep --out {path}` running?); run "
+            "the command again once it has finished"
+        )
+    _check_indices(path, manifest, playlists=playlists, train=train, valid=valid, test=test)
 
     n_playlists = int(manifest["playlists"])
     playlist_user = np.zeros(n_playlists, dtype=np.int64)
