@@ -1,4 +1,5 @@
-"""QA pass 35c (reliability): interrupts at the edges of a run."""
+"""Interrupts at the edges of a run and damaged files: a Ctrl-C while run.json is written or while
+the commands load, a checkpoint whose bytes changed, prepared tables of two different preps."""
 
 from __future__ import annotations
 
