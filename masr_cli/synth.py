@@ -90,7 +90,7 @@ def command(
             songs_per_playlist=base.songs_per_playlist if mean_length is None else mean_length,
             names=names,
         )
-    rows = write_synthetic(out, cfg)
+    rows = write_synthetic(out, cfg, log_line)
     users_word = "user" if cfg.users == 1 else "users"
     log_line(
         f"wrote {rows:,} rows ({cfg.users:,} {users_word}, {cfg.n_songs:,} songs, seed {seed}) "

@@ -50,6 +50,32 @@ def test_an_os_error_about_the_temporary_file_names_the_target(tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_device_written_in_place_is_named_by_its_errors() -> None:
+    """/dev/full is written in place (not beside): a full-disk error names it, not nothing
+    (QA: `masr score --out /dev/full` said only "No space left on device")."""
+    with pytest.raises(OSError) as err, atomic_path("/dev/full") as path:
+        assert str(path) == "/dev/full"
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert err.value.filename == "/dev/full" and err.value.errno == errno.ENOSPC
+
+
+def test_sole_writer_removes_a_killed_writers_file_and_holds_the_lock(tmp_path: Path) -> None:
+    """What a SIGKILL left beside --out (QA: score and synth never removed it) goes when the
+    next writer of that name starts; a writer of another name keeps its own."""
+    from masr.atomic import sole_writer
+
+    left, other = tmp_path / ".recs.csv.abcd1234.tmp", tmp_path / ".other.csv.abcd1234.tmp"
+    left.write_text("half")
+    other.write_text("being written")
+    said: list[str] = []
+    with sole_writer(tmp_path / "recs.csv", "masr score", said.append):
+        assert (tmp_path / "recs.csv.lock").is_file()
+        assert not left.exists() and other.exists()
+    assert said == [f"removed the temporary file of an earlier, killed masr score --out "
+                    f"{tmp_path / 'recs.csv'}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [other.name]  # the lock gone too
+
+
 def test_a_folder_or_a_set_names_the_file_that_failed(tmp_path: Path) -> None:
     out = tmp_path / "data"
     with pytest.raises(OSError) as err, atomic_dir(out) as tmp:

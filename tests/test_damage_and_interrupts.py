@@ -114,6 +114,8 @@ def test_a_checkpoint_with_changed_bytes_is_refused_not_loaded(tmp_path: Path) -
     runs = tmp_path / "runs"
     base = ["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *TINY]
     assert runner.invoke(app, base).exit_code == 0
+    pop = ["train", "--model", "pop", "--data", str(data), "--runs", str(runs)]
+    assert runner.invoke(app, pop).exit_code == 0
     best, last = runs / "mdr" / "best.pt", runs / "mdr" / "last.pt"
     assert intact_checkpoint(best) and load_checkpoint(last)["epoch"] == 2
     _flip_bytes(last)
@@ -124,6 +126,7 @@ def test_a_checkpoint_with_changed_bytes_is_refused_not_loaded(tmp_path: Path) -
     said = runner.invoke(app, ["evaluate", "--data", str(data), "--runs", str(runs),
                                "--threads", "1"])
     assert said.exit_code == 1 and "best.pt: damaged" in said.stderr
+    assert "evaluated on" not in said.stderr  # said before the other runs' work (QA: after)
     again = runner.invoke(app, base)
     assert again.exit_code == 0, again.stderr
     load_checkpoint(best)

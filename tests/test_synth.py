@@ -89,7 +89,11 @@ def test_item_cooccurrence_clearly_beats_popularity(small):
 @pytest.mark.parametrize("name", ["s.csv", "s.tsv", "s.csv.gz", "s.parquet"])
 def test_write_synthetic_round_trips(tmp_path, name):
     cfg = SynthConfig(users=40, seed=2)
-    rows = write_synthetic(tmp_path / name, cfg)
+    left = tmp_path / f".{name}.abcd1234.tmp"  # what a killed `masr synth --out` left
+    left.write_text("half")
+    said: list[str] = []
+    rows = write_synthetic(tmp_path / name, cfg, said.append)
+    assert not left.exists() and "removed the temporary file of an earlier, killed" in said[0]
     path = tmp_path / name
     if name.endswith(".parquet"):
         back = pl.read_parquet(path)

@@ -101,7 +101,13 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     yielded as it is and written in place."""
     path, direct = _target(path)
     if direct:
-        yield path
+        try:
+            yield path
+        except BaseException as exc:  # /dev/full: the error names the device, as for a file
+            named = _named_os_error(exc, path, path)
+            if named is not None:
+                raise named from exc
+            raise
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     with _creating(path):
@@ -324,6 +330,25 @@ def check_not_inside(
 #: what ``tempfile`` names the entries above: ``.NAME.`` + 8 random characters + ``.tmp`` (or
 #: ``.old``, an ``atomic_dir``'s previous folder moved aside)
 _TEMP_ENTRY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.(?:tmp|old)")
+
+
+@contextlib.contextmanager
+def sole_writer(
+    path: str | os.PathLike[str], command: str, say: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """The block as the one writer of the file ``path`` (``PATH.lock`` beside it, held with
+    ``masr.lock``), after removing what a killed writer of it left (``remove_temp_entries``;
+    said to ``say``). A device or a pipe (written in place by ``atomic_file``) is neither."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        yield
+        return
+    from masr.lock import lock_path, locked
+
+    with locked(lock_path(path), command):
+        if remove_temp_entries(path.parent, [path.name]) and say is not None:
+            say(f"removed the temporary file of an earlier, killed {command} --out {path}")
+        yield
 
 
 def remove_temp_entries(

@@ -118,7 +118,15 @@ def evaluate_runs(
         if r in RUNS and RUNS[r].procedure == "fuse" and RUNS[r].parts[1] in order
     }
     from masr.models.masr import FusionOnMass
+    from masr.runs.store import intact_checkpoint
 
+    for run in order:  # a damaged checkpoint: one line before any work (QA: after the others')
+        path = Path(runs_dir) / run / "best.pt"
+        if path.is_file() and not intact_checkpoint(path):
+            raise MasrError(
+                f"{path}: damaged (cut short, or bytes changed); train {run} again, or leave it "
+                "out (--model)"
+            )
     ready: dict[str, Any] = {}  # fusions loaded and evaluated with their MASS run
     for run in order:
         if run in ready:

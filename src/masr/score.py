@@ -42,12 +42,7 @@ from typing import IO, Any
 import numpy as np
 import polars as pl
 
-from masr.atomic import (
-    atomic_file,
-    check_output_file,
-    check_replaceable_dir,
-    remove_temp_entries,
-)
+from masr.atomic import atomic_file, check_output_file, check_replaceable_dir, sole_writer
 from masr.config import ScoreConfig
 from masr.dataset import check_outside_prepared
 from masr.errors import MasrError
@@ -60,7 +55,6 @@ from masr.io import (
     scan,
     unreadable,
 )
-from masr.lock import lock_path, locked
 from masr.onnx_format import (
     FORMAT,
     ID_MAP_SIZES,
@@ -780,19 +774,15 @@ def score_file(
 @contextlib.contextmanager
 def csv_output(out: str | Path, say: Callable[[str], None]) -> Iterator[IO[bytes]]:
     """The CSV ``--out``: written aside and renamed when complete (``atomic_file``), gzipped
-    when its name ends in ``.gz``, under ``OUT.lock`` (one writer per ``--out``), which lets a
-    killed score's temporary file be removed first. A device or a pipe is written in place."""
+    when its name ends in ``.gz``, by its one writer (``sole_writer``: a killed score's
+    temporary file is removed first). A device or a pipe is written in place."""
     out = Path(out)
-    direct = out.exists() and not out.is_file()
-    with contextlib.nullcontext() if direct else locked(lock_path(out), "masr score"):
-        if not direct and remove_temp_entries(out.parent, [out.name]):
-            say(f"removed the temporary file of an earlier, killed masr score --out {out}")
-        with atomic_file(out, "wb") as fh:
-            if not out.name.lower().endswith(".gz"):
-                yield fh
-                return
-            with gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0) as packed:
-                yield packed  # type: ignore[misc]
+    with sole_writer(out, "masr score", say), atomic_file(out, "wb") as fh:
+        if not out.name.lower().endswith(".gz"):
+            yield fh
+            return
+        with gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0) as packed:
+            yield packed  # type: ignore[misc]
 
 
 def check_model_path(path: str | Path) -> Path:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -26,7 +26,7 @@ from typing import IO
 import numpy as np
 import polars as pl
 
-from masr.atomic import atomic_path
+from masr.atomic import atomic_path, sole_writer
 from masr.errors import MasrError
 
 #: Columns of the generated table, in order.
@@ -468,7 +468,9 @@ def expected_rows(cfg: SynthConfig) -> float:
     return cfg.users * cfg.playlists_per_user * cfg.songs_per_playlist
 
 
-def write_synthetic(path: str | Path, cfg: SynthConfig | None = None) -> int:
+def write_synthetic(
+    path: str | Path, cfg: SynthConfig | None = None, log: Callable[[str], None] | None = None
+) -> int:
     """Write the synthetic table to ``path`` (Parquet for .parquet/.pq, TSV for .tsv, gzip
     for a .gz suffix, CSV otherwise), atomically. Returns the number of rows.
 
@@ -493,7 +495,8 @@ def write_synthetic(path: str | Path, cfg: SynthConfig | None = None) -> int:
     rows_per_user = max(1.0, cfg.playlists_per_user * cfg.songs_per_playlist)
     chunk_users = max(1000, int(CHUNK_ROWS / rows_per_user))
     rows = 0
-    with atomic_path(path) as tmp:
+    # one writer per --out; what a killed one left beside it is removed first (said to log)
+    with sole_writer(path, "masr synth", log), atomic_path(path) as tmp:
         if kind in (".parquet", ".pq"):
             if gz:
                 raise MasrError(f"{path}: Parquet is compressed already; drop the .gz suffix")
