@@ -197,6 +197,28 @@ def test_score_reads_a_named_pipe_as_standard_input(tmp_path: Path, model: Path)
     assert result.stdout == expected
     prep = runner.invoke(app, ["prep", str(fifo), "--out", str(tmp_path / "data")])
     assert prep.exit_code == 1 and "not a regular file (a pipe or a device)" in prep.stderr
+    dash = runner.invoke(app, ["prep", "-", "--out", str(tmp_path / "data")], input=ROWS)
+    assert dash.exit_code == 1 and "masr prep reads a file, not standard input" in dash.stderr
+
+
+def test_input_of_unknown_songs_only_is_warned_about(tmp_path: Path, model: Path) -> None:
+    """Every song unknown (ids of other data, or numbers where the training ids had zeros in
+    front): the rows still come, with a warning line on stderr (QA: the counts alone)."""
+    src = tmp_path / "other.csv"
+    src.write_text("user_id,playlist_id,track_id\nu0,p0,x1\nu0,p0,x2\n")
+    result = runner.invoke(app, ["score", str(src), "--model", str(model), "--k", "3"])
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1 + 3
+    assert "warning: none of the input's songs is in the model's catalog" in result.stderr
+    known = tmp_path / "in.csv"
+    known.write_text(ROWS)
+    result = runner.invoke(app, ["score", str(known), "--model", str(model)])
+    assert result.exit_code == 0 and "warning" not in result.stderr
+    same = runner.invoke(app, ["score", str(known), "--model", str(model), "--playlist-col",
+                               "track_id"])
+    assert same.exit_code == 1 and "--track-col 'track_id': also the playlist column" in (
+        same.stderr
+    )
 
 
 def test_score_out_gzip_lock_and_places_it_refuses(tmp_path: Path, runs: Path, model: Path) -> None:

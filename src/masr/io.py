@@ -266,6 +266,8 @@ def check_file(path: Path) -> bytes:
     Parquet parts or MPD JSON slices); return its head (a directory: the Parquet magic bytes;
     ``detect_format`` tells a directory's kind from its parts)."""
     if not path.exists():
+        if str(path) == "-":  # masr score's standard input; masr prep reads files
+            raise MasrError("INPUT -: masr prep reads a file, not standard input; save it first")
         raise MasrError(f"{path}: no such file")
     if path.is_dir():
         parts = parquet_parts(path)

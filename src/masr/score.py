@@ -121,6 +121,18 @@ class ScoreSummary:
             parts.append("rows regrouped by playlist in memory (not adjacent in the input)")
         return " · ".join(parts)
 
+    def warning(self) -> str | None:
+        """A line for input none of whose songs the model knows (QA: exit 0 and the counts
+        only, every playlist ranked by the fallback), else None."""
+        if not (self.playlists and self.unknown_song_rows
+                and self.fallback_playlists == self.playlists):
+            return None
+        return (
+            f"warning: none of the input's songs is in the model's catalog, so every playlist "
+            f"was ranked by {self.fallback}; are its track ids the ones the model was trained "
+            "on (the column masr prep read, e.g. '000384' and not 384)?"
+        )
+
 
 def fallback_of(metadata: dict[str, Any]) -> str:
     """``ScoreSummary.fallback`` of an export, from its metadata's parts (``dims``)."""
