@@ -1,7 +1,7 @@
 """Benchmark the README's main job: `masr prep && masr train --model amasr && masr export &&
 masr score examples/playlists.csv`, as a newcomer runs it (no flags, the embedded data).
 
-    python benchmarks/bench_quickstart.py [--cpu 0-1] [--json quickstart.json]
+    python benchmarks/bench_quickstart.py [--cpu 0-1] [--json quickstart.json] [--keep DIR]
 
 Each command runs in a fresh temporary folder as its own child process, pinned with taskset
 to --cpu (default: every core of this process), with masr's automatic thread choice. Recorded
@@ -45,9 +45,15 @@ def main() -> None:
     default_cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     parser.add_argument("--cpu", default=default_cpus, help="taskset core list")
     parser.add_argument("--json", default="quickstart.json", help="file name in bench-out/")
+    parser.add_argument(
+        "--keep", type=Path, help="work in this new folder and keep it (data/, runs/ ...), e.g. "
+        "to evaluate baselines trained on the same data beside the AMASR it trained"
+    )
     args = parser.parse_args()
     threads = len(args.cpu.split(",")) if "-" not in args.cpu else 2
-    work = Path(tempfile.mkdtemp(prefix="masr-quickstart-"))
+    if args.keep is not None:
+        args.keep.mkdir(parents=True)  # a new folder: the commands' default paths start empty
+    work = args.keep.resolve() if args.keep else Path(tempfile.mkdtemp(prefix="masr-quickstart-"))
     try:
         cwd = os.getcwd()
         os.chdir(work)  # the README's commands use their default paths: data/, runs/, exported/
@@ -78,7 +84,8 @@ def main() -> None:
         }
         os.chdir(cwd)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
     OUT.mkdir(exist_ok=True)
     (OUT / args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("total_wall_s", "runs", "amasr_valid_hit10")}),
