@@ -266,8 +266,6 @@ def check_file(path: Path) -> bytes:
     Parquet parts or MPD JSON slices); return its head (a directory: the Parquet magic bytes;
     ``detect_format`` tells a directory's kind from its parts)."""
     if not path.exists():
-        if str(path) == "-":  # masr score's standard input; masr prep reads files
-            raise MasrError("INPUT -: masr prep reads a file, not standard input; save it first")
         raise MasrError(f"{path}: no such file")
     if path.is_dir():
         parts = parquet_parts(path)
@@ -288,8 +286,7 @@ def check_file(path: Path) -> bytes:
     if not path.is_file():  # a named pipe (or <(...)), a device: it cannot be read twice
         raise MasrError(
             f"{path}: not a regular file (a pipe or a device), and the input is read more than "
-            "once (its start, then its rows); save it to a file first, or give it to masr score "
-            "on standard input (INPUT -)"
+            "once (its start, then its rows); save it to a file first"
         )
     try:
         with open(path, "rb") as fh:

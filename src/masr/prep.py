@@ -426,6 +426,8 @@ def _prepare(
     t0 = time.perf_counter()
     out = Path(out)
     if input_path is not None:  # what is wrong with the input first (not a folder of parts...)
+        if str(input_path) == "-":  # as masr score reads standard input
+            raise MasrError("INPUT -: masr prep reads a file, not standard input; save it first")
         check_file(Path(input_path))
     check_replaceable_dir(out, MANIFEST, inputs=() if input_path is None else (input_path,))
     check_outside_prepared(out, "--out", itself=False)  # a prep of that folder would remove it
