@@ -157,8 +157,9 @@ def command(
     else:
         summary = score_file(input, model, out, config, log=log_line)
     console.print(summary.line(), highlight=False, soft_wrap=True)
-    if summary.warning():
-        log_line(summary.warning())
+    warning = summary.warning()
+    if warning:
+        log_line(warning)
 
 
 def _is_pipe(path: Path) -> bool:
