@@ -195,6 +195,11 @@ def handle_errors(func: F) -> F:
             raise fail("interrupted", 130) from None
         except MemoryError:
             raise fail(OUT_OF_MEMORY) from None
+        except ModuleNotFoundError as exc:  # a scoring-only install (no torch, no onnx)
+            needed = MISSING_DEPENDENCY.get((exc.name or "").partition(".")[0])
+            if needed is None:
+                raise
+            raise fail(f"masr {name} needs {needed}") from None
         except OSError as exc:  # a full disk, a read-only folder: the file and the reason
             if _broken_pipe(exc):  # `masr score ... | head`: stop quietly, as Unix tools do
                 _quiet_stdout()
@@ -212,6 +217,13 @@ def handle_errors(func: F) -> F:
 
     return wrapper  # type: ignore[return-value]
 
+
+#: What a command needs that a scoring-only install (exported/README.md) lacks, and how to get it.
+MISSING_DEPENDENCY = {
+    "torch": "PyTorch, which is not installed here: pip install torch "
+    "(masr score runs without it)",
+    "onnx": "the onnx package, which is not installed here: pip install onnx",
+}
 
 OUT_OF_MEMORY = (
     "out of memory; try a smaller input or smaller sizes (train, evaluate and score: a "
