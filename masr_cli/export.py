@@ -120,7 +120,6 @@ def command(
       masr export --candidates 1000 --out exported/n1000.onnx      # two-stage
     """
     from masr.export import ExportConfig, check_outside_runs, export_model
-    from masr.lock import lock_path, locked
 
     config = ExportConfig(
         model=model.value if model else None,
@@ -131,7 +130,7 @@ def command(
         candidates=candidates,
         fold_in=fold_in.value,
     )
-    from masr.atomic import check_parents, remove_temp_entries
+    from masr.atomic import check_parents, sole_writer
     from masr.errors import MasrError
 
     if out.endswith(("/", os.sep)) or Path(out).is_dir():
@@ -140,9 +139,9 @@ def command(
     path = Path(out)
     check_parents(path, "--out")  # before the lock beside it is made
     check_outside_runs(path, runs)  # before the lock and the clean-up of temporary files
-    with locked(lock_path(path), "masr export"):  # one writer per --out (OUT.lock)
-        if remove_temp_entries(path.parent, [path.name], sidecars=True):  # a killed export's
-            log_line(f"removed the temporary files of an earlier, killed export to {out}")
+    # one writer per --out (OUT.lock); a killed export's temporary files, its sidecars' too,
+    # removed first
+    with sole_writer(path, "masr export", log_line, sidecars=True):
         result = export_model(runs, path, config, log=log_line)
     meta = result.metadata
     console.print(

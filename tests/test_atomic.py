@@ -71,7 +71,7 @@ def test_sole_writer_removes_a_killed_writers_file_and_holds_the_lock(tmp_path: 
     with sole_writer(tmp_path / "recs.csv", "masr score", said.append):
         assert (tmp_path / "recs.csv.lock").is_file()
         assert not left.exists() and other.exists()
-    assert said == [f"removed the temporary file of an earlier, killed masr score --out "
+    assert said == [f"removed the temporary files of an earlier, killed masr score --out "
                     f"{tmp_path / 'recs.csv'}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [other.name]  # the lock gone too
 

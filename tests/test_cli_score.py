@@ -234,7 +234,7 @@ def test_score_out_gzip_lock_and_places_it_refuses(tmp_path: Path, runs: Path, m
     result = runner.invoke(app, ["score", str(src), "--model", str(model), "--out", str(packed)])
     assert result.exit_code == 0, result.stderr
     assert gzip.decompress(packed.read_bytes()).decode() == expected
-    assert not left.exists() and "removed the temporary file of an earlier" in result.stderr
+    assert not left.exists() and "removed the temporary files of an earlier" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", "recs.csv.gz"]  # no lock
     data = Path(json.loads((runs / "mdr" / "run.json").read_text())["data"]["path"])
     for out, message in (

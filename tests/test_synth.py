@@ -93,7 +93,7 @@ def test_write_synthetic_round_trips(tmp_path, name):
     left.write_text("half")
     said: list[str] = []
     rows = write_synthetic(tmp_path / name, cfg, said.append)
-    assert not left.exists() and "removed the temporary file of an earlier, killed" in said[0]
+    assert not left.exists() and "removed the temporary files of an earlier, killed" in said[0]
     path = tmp_path / name
     if name.endswith(".parquet"):
         back = pl.read_parquet(path)

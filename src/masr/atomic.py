@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import os
 import re
 import shutil
@@ -10,8 +11,10 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import IO
 
 from masr.errors import MasrError
+from masr.lock import lock_path, locked
 
 #: an OS error number in a Rust writer's message (Polars: "... (os error 28)")
 _OS_ERROR_NUMBER = re.compile(r"\(os error (\d+)\)")
@@ -91,6 +94,13 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator:
         fh.flush()
         if stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             os.fsync(fh.fileno())
+
+
+def gzip_writer(fh: IO[bytes]) -> gzip.GzipFile:
+    """``fh`` (an open binary file) gzipped: level 6, as gzip(1) (level 9 is several times
+    slower for a few percent), and no time stamp or file name in the header (the same bytes
+    for the same data); closing it ends the gzip stream, not ``fh``."""
+    return gzip.GzipFile(filename="", mode="wb", fileobj=fh, compresslevel=6, mtime=0)
 
 
 @contextlib.contextmanager
@@ -334,20 +344,25 @@ _TEMP_ENTRY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.(?:tmp|old)")
 
 @contextlib.contextmanager
 def sole_writer(
-    path: str | os.PathLike[str], command: str, say: Callable[[str], None] | None = None
+    path: str | os.PathLike[str],
+    command: str,
+    say: Callable[[str], None] | None = None,
+    *,
+    sidecars: bool = False,
 ) -> Iterator[None]:
-    """The block as the one writer of the file ``path`` (``PATH.lock`` beside it, held with
-    ``masr.lock``), after removing what a killed writer of it left (``remove_temp_entries``;
-    said to ``say``). A device or a pipe (written in place by ``atomic_file``) is neither."""
-    path = Path(path)
-    if path.exists() and not path.is_file():
+    """The block as the one writer of ``path``, a file or a folder (``PATH.lock`` beside it,
+    held with ``masr.lock``), after removing what a killed writer of it left
+    (``remove_temp_entries``, with ``sidecars``: also of PATH.anything; said to ``say``).
+    Where the write really goes, as ``atomic_path`` and ``atomic_dir`` write it (``_target``):
+    what a symbolic link names; a device or a pipe, written in place, is neither locked nor
+    cleaned."""
+    final, direct = _target(path)
+    if direct:
         yield
         return
-    from masr.lock import lock_path, locked
-
-    with locked(lock_path(path), command):
-        if remove_temp_entries(path.parent, [path.name]) and say is not None:
-            say(f"removed the temporary file of an earlier, killed {command} --out {path}")
+    with locked(lock_path(final), command):
+        if remove_temp_entries(final.parent, [final.name], sidecars=sidecars) and say:
+            say(f"removed the temporary files of an earlier, killed {command} --out {path}")
         yield
 
 

@@ -34,12 +34,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from masr.atomic import atomic_dir, check_parents, check_replaceable_dir, remove_temp_entries
+from masr.atomic import atomic_dir, check_parents, check_replaceable_dir, sole_writer
 from masr.config import MAX_SONG_COUNT, check_kinds
 from masr.dataset import FORMAT_VERSION, MANIFEST, check_outside_prepared, fingerprint_of
 from masr.errors import MasrError
 from masr.io import POSITION, SONG_EXTRAS, Columns, RawInput, check_file, read_interactions
-from masr.lock import lock_path, locked
 from masr.seed import check_seed
 
 Log = Callable[[str], None]
@@ -401,13 +400,9 @@ def prepare(
                 f"prepare({name}=...): expected {kind.__name__}, not {type(value).__name__} "
                 f"{value!r:.60}"
             )
-    if Path(out).is_symlink():  # a link to the folder: the folder is the output (and locked)
-        out = Path(out).resolve()
     check_parents(out, "--out")  # before the lock beside it is made
-    with locked(lock_path(out), "masr prep"):
-        target = Path(out).absolute()
-        if remove_temp_entries(target.parent, [target.name]) and log is not None:
-            log(f"removed the temporary files of an earlier, killed masr prep --out {out}")
+    # a link to the folder: the folder it names is the output (locked, cleaned, replaced)
+    with sole_writer(out, "masr prep", log):
         return _prepare(input_path, out, columns, config, synth_users, log)
 
 

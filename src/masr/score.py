@@ -27,7 +27,6 @@ and everything it imports never import torch.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import io
 import json
 import os
@@ -42,7 +41,13 @@ from typing import IO, Any
 import numpy as np
 import polars as pl
 
-from masr.atomic import atomic_file, check_output_file, check_replaceable_dir, sole_writer
+from masr.atomic import (
+    atomic_file,
+    check_output_file,
+    check_replaceable_dir,
+    gzip_writer,
+    sole_writer,
+)
 from masr.config import ScoreConfig
 from masr.dataset import check_outside_prepared
 from masr.errors import MasrError
@@ -793,7 +798,7 @@ def csv_output(out: str | Path, say: Callable[[str], None]) -> Iterator[IO[bytes
         if not out.name.lower().endswith(".gz"):
             yield fh
             return
-        with gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0) as packed:
+        with gzip_writer(fh) as packed:
             yield packed  # type: ignore[misc]
 
 

@@ -16,6 +16,7 @@ chunks of users, so the 30M-row benchmark input is made in bounded memory.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from typing import IO
 import numpy as np
 import polars as pl
 
-from masr.atomic import atomic_path, sole_writer
+from masr.atomic import atomic_path, gzip_writer, sole_writer
 from masr.errors import MasrError
 
 #: Columns of the generated table, in order.
@@ -504,10 +505,9 @@ def write_synthetic(
                 df = synthesize(cfg)
                 df.write_parquet(tmp)
                 return df.height
-            return _stream_parquet(tmp, iter_synthesize(cfg, chunk_users))
+            return _stream_parquet(tmp, iter_synthesize(cfg, chunk_users), path.name)
         sep = "\t" if kind in (".tsv", ".tab") else ","
-        opener = _gzip_writer if gz else open
-        with opener(tmp, "wb") as fh:
+        with open(tmp, "wb") as raw, gzip_writer(raw) if gz else contextlib.nullcontext(raw) as fh:
             rows = _write_csv_stream(fh, cfg, sep)
     return rows
 
@@ -524,14 +524,17 @@ def _write_csv_stream(fh: IO[bytes], cfg: SynthConfig, sep: str = ",") -> int:
     return rows
 
 
-def _stream_parquet(tmp: Path, chunks: Iterator[pl.DataFrame]) -> int:
-    """Write ``chunks`` as one Parquet file at ``tmp`` without holding them all: each chunk
+def _stream_parquet(tmp: Path, chunks: Iterator[pl.DataFrame], name: str) -> int:
+    """Write ``chunks`` as one Parquet file at ``tmp`` (for the file ``name``) without holding
+    them all: each chunk
     goes to a part file in a private folder beside ``tmp``, then a streaming scan of the parts,
     in order, is sunk into ``tmp`` and the folder removed."""
     import shutil
     import tempfile
 
-    parts_dir = Path(tempfile.mkdtemp(prefix=f"{tmp.name}.", suffix=".parts", dir=tmp.parent))
+    # named as atomic's temporary entries of --out (.NAME.xxxxxxxx.tmp), so that the next
+    # writer of NAME removes what a killed one left (atomic.sole_writer)
+    parts_dir = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=tmp.parent))
     try:
         parts, rows = [], 0
         for i, chunk in enumerate(chunks):
@@ -545,7 +548,3 @@ def _stream_parquet(tmp: Path, chunks: Iterator[pl.DataFrame]) -> int:
         shutil.rmtree(parts_dir, ignore_errors=True)
 
 
-def _gzip_writer(path: Path, mode: str):  # noqa: ANN202 - a file object
-    import gzip
-
-    return gzip.open(path, mode, compresslevel=6)
