@@ -59,32 +59,16 @@ def save_checkpoint(
         ) from None
 
 
-def damaged_entry(path: str | Path) -> str | None:
-    """The first entry of the zip archive torch.save wrote at ``path`` whose bytes do not match
-    their CRC-32 (QA: a checkpoint with flipped bytes loaded silently, and --resume trained on
-    from the changed weights), else None. An unreadable archive is left to torch.load's own
-    error."""
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except Exception:  # not a zip archive, cut short: torch.load says so
-        return None
-    return None if bad is None else bad.partition("/")[2] or bad
-
-
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint dict with ``weights_only=True`` (no code runs while loading)."""
     path = Path(path)
     if not path.is_file():
         raise MasrError(f"{path}: checkpoint not found")
-    damaged = damaged_entry(path)
-    if damaged is not None:  # torch.load checks no CRC: changed bytes load as other weights
-        raise MasrError(
-            f"{path}: damaged ({damaged} does not match its checksum); not a readable masr "
-            "checkpoint"
-        )
+    from masr.runs.store import checkpoint_damage
+
+    damage = checkpoint_damage(path)
+    if damage is not None:  # torch.load checks no CRC: changed bytes load as other weights
+        raise MasrError(f"{path}: damaged ({damage}); not a readable masr checkpoint")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:

@@ -86,6 +86,13 @@ def evaluate_runs(
             wanted.append(n)
     if candidates < 0:
         raise MasrError(f"--candidates {candidates}: must be >= 0 (0 = exact only)")
+    from masr.runs.store import checkpoint_damage
+
+    for run in wanted:  # a damaged checkpoint: one line before any work (QA: after the others'
+        path = Path(runs_dir) / run / "best.pt"  # evaluation; load_checkpoint reads it again)
+        damage = checkpoint_damage(path) if path.is_file() else None
+        if damage is not None:
+            raise MasrError(f"{path}: damaged ({damage}); train {run} again, or leave it out")
     fusions = [r for r in wanted if r in RUNS and RUNS[r].procedure == "fuse"]
     if alphas and not fusions:
         log(f"note: --alpha re-weighs fusion runs (masr, amasr); none among {', '.join(wanted)}")
@@ -118,15 +125,6 @@ def evaluate_runs(
         if r in RUNS and RUNS[r].procedure == "fuse" and RUNS[r].parts[1] in order
     }
     from masr.models.masr import FusionOnMass
-    from masr.runs.store import intact_checkpoint
-
-    for run in order:  # a damaged checkpoint: one line before any work (QA: after the others')
-        path = Path(runs_dir) / run / "best.pt"
-        if path.is_file() and not intact_checkpoint(path):
-            raise MasrError(
-                f"{path}: damaged (cut short, or bytes changed); train {run} again, or leave it "
-                "out (--model)"
-            )
     ready: dict[str, Any] = {}  # fusions loaded and evaluated with their MASS run
     for run in order:
         if run in ready:

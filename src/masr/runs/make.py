@@ -40,9 +40,9 @@ from masr.runs.registry import (
 from masr.runs.store import (
     RUN_LOCK,
     UNFINISHED,
+    checkpoint_damage,
     clear,
     earlier_parts,
-    intact_checkpoint,
     load_run,
     now,
     parse_run_json,
@@ -209,7 +209,7 @@ def reusable(
     run_dir: Path, sig: dict[str, Any], say_why: Callable[[str], None] | None = None
 ) -> dict[str, Any] | None:
     """The run.json of the run in ``run_dir`` when it can be reused for signature ``sig``: it
-    finished with that signature, its best.pt is whole (``intact_checkpoint``) and the parts
+    finished with that signature, its best.pt is whole (``checkpoint_damage``) and the parts
     it was made from are the ones there now (``earlier_parts``). Else None; ``say_why`` hears
     why for a finished run of that signature that cannot be."""
     info = read_run_json(run_dir)
@@ -221,8 +221,9 @@ def reusable(
     ):
         return None
     say = say_why or (lambda _msg: None)
-    if not intact_checkpoint(run_dir / "best.pt"):
-        say(f"{run_dir.name}: {run_dir / 'best.pt'} is damaged (cut short); making it again")
+    damage = checkpoint_damage(run_dir / "best.pt")
+    if damage is not None:
+        say(f"{run_dir.name}: {run_dir / 'best.pt'} is damaged ({damage}); making it again")
         return None
     newer = earlier_parts(run_dir, info)
     if newer:

@@ -190,17 +190,24 @@ def earlier_parts(run_dir: str | Path, info: dict[str, Any] | None = None) -> li
     ]
 
 
-def intact_checkpoint(path: str | Path) -> bool:
-    """Whether the checkpoint at ``path`` is whole: torch.save writes a zip archive whose
-    directory comes last, so a file cut short (a full disk, a copy stopped halfway) has none,
-    and every entry's bytes must match their CRC-32 (a changed byte; QA: reused silently)."""
+def checkpoint_damage(path: str | Path) -> str | None:
+    """Why the checkpoint at ``path`` is not whole, else None: "cut short" (torch.save writes a
+    zip archive whose directory comes last, so a file cut short by a full disk or a stopped
+    copy has none), or "ENTRY does not match its checksum" (a changed byte: torch.load checks no
+    CRC and would load other weights; QA: --resume trained on from them). Torch-free."""
     import zipfile
 
     try:
         with zipfile.ZipFile(path) as archive:
-            return archive.testzip() is None
+            bad = archive.testzip()
     except Exception:  # OSError, BadZipFile, a damaged entry header
-        return False
+        return "cut short"
+    return None if bad is None else f"{bad.partition('/')[2] or bad} does not match its checksum"
+
+
+def intact_checkpoint(path: str | Path) -> bool:
+    """Whether the checkpoint at ``path`` is whole (``checkpoint_damage``)."""
+    return checkpoint_damage(path) is None
 
 
 def part_stamp(run_dir: str | Path) -> dict[str, Any] | None:
