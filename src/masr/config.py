@@ -579,14 +579,6 @@ class Columns:
 
     def __post_init__(self) -> None:
         check_kinds(self, {k: f"--{k}-col" for k in ("user", "playlist", "track", "position")})
-        # one column as user and playlist is MPD's way (each playlist its own user); a song
-        # column that is also an id column is a slip (QA: accepted without a word)
-        for role in ("user", "playlist"):
-            if self.track.casefold() == getattr(self, role).casefold():
-                raise MasrError(
-                    f"--track-col {self.track!r}: also the {role} column (--{role}-col); the "
-                    "songs need a column of their own"
-                )
 
     def as_dict(self) -> dict[str, str]:
         """The three id columns (what an export records for ``masr score``)."""

@@ -319,8 +319,8 @@ def _scan_parts(path: Path) -> pl.LazyFrame:
     another, integers beside floats where pandas met a missing value, numbers beside text) or
     on which columns there are (a column added later): polars reads the parts against the
     first one's schema and fails on them. Then each part is read alone, a column whose type
-    differs between parts is read as text (a float's whole numbers without their ".0", as ids
-    are read), a column missing from a part is empty there, and the parts are joined."""
+    differs between parts is read as text as ids are (``_id_text``: a float's whole numbers
+    without their ".0"), a column missing from a part is empty there, and the parts are joined."""
     parts = parquet_parts(path)
     try:
         schemas = [dict(pl.read_parquet_schema(p)) for p in parts]
@@ -340,7 +340,7 @@ def _scan_parts(path: Path) -> pl.LazyFrame:
             pl.lit(value).alias(key) for key, value in keys if key not in schema
         )
         cast = [
-            _whole_text(pl.col(n), schema[n]).alias(n)
+            _id_text(pl.col(n), schema[n]).alias(n)
             for n in mixed
             if n in schema and not isinstance(schema[n], (pl.List, pl.Array, pl.Struct))
         ]
@@ -348,24 +348,12 @@ def _scan_parts(path: Path) -> pl.LazyFrame:
     return pl.concat(frames, how="diagonal_relaxed")
 
 
-def _whole_text(col: pl.Expr, dtype: pl.DataType) -> pl.Expr:
-    """A column as text; a float's whole numbers without their ".0" (``143.0`` is ``143``)."""
-    if not dtype.is_float():
-        return col.cast(pl.String)
-    whole = col.is_finite() & (col == col.floor()) & (col.abs() < 2.0**63)
-    return (
-        pl.when(whole)
-        .then(col.cast(pl.Int64, strict=False).cast(pl.String))
-        .otherwise(col.cast(pl.String))
-    )
-
-
 #: the field separator of each text kind ``detect_format`` tells apart
 _SEPARATORS = {"csv": ",", "tsv": "\t", "csv-semicolon": ";", "csv-pipe": "|"}
 
 
 #: what JSON input must be, said when it is not
-MPD_LAYOUT = (
+_MPD_LAYOUT = (
     "JSON input is read in the Million Playlist Dataset's layout "
     '({"playlists": [{"pid": ..., "tracks": [{"track_uri": ..., "pos": ...}]}]}); give other '
     "data (a list of records, one record per line) as CSV, TSV or Parquet"
@@ -391,13 +379,13 @@ def mpd_json(path: Path, *, empty_playlists: bool = False) -> pl.LazyFrame:
             df = pl.read_json(io.BytesIO(data))
         except Exception as exc:  # zlib and polars raise several error types
             # e.g. one record per line (NDJSON): not the layout, whatever the parser says
-            raise MasrError(f"{part}: unreadable JSON ({one_line(exc)}); {MPD_LAYOUT}") from None
+            raise MasrError(f"{part}: unreadable JSON ({one_line(exc)}); {_MPD_LAYOUT}") from None
         if _empty_slice(df):  # {"playlists": []}: in the layout, with nothing in it
             continue
         playlist = _struct_fields(df.schema.get("playlists"))
         track = _struct_fields(playlist.get("tracks"))
         if "pid" not in playlist or "track_uri" not in track:
-            raise MasrError(f"{part}: {MPD_LAYOUT}")
+            raise MasrError(f"{part}: {_MPD_LAYOUT}")
         lists = df.select(pl.col("playlists").explode()).unnest("playlists")
         lists = lists.select("pid", "tracks").with_row_index("_order")
         # (an empty list explodes to a null row in polars 1, to none in polars 2: drop both)
@@ -525,6 +513,12 @@ def id_columns(
             f"{', '.join(repr(m) for m in missing)} "
             f"(found: {_found(names)}); name the right one with {hint}"
         )
+    for role in ("user", "playlist"):  # MPD's user = playlist is fine; the songs are not
+        if role in found and found.get("track") == found[role]:
+            raise MasrError(
+                f"{path}: --track-col {wanted['track']!r}: also the {role} column "
+                f"(--{role}-col {wanted[role]!r}); the songs need a column of their own"
+            )
     dtypes = schema if isinstance(schema, pl.Schema) else {}
     for key, column in found.items():  # a record has no one text to be an id ('{"t0"}')
         if isinstance(dtypes.get(column), (pl.Struct, pl.Object)):

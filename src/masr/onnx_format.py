@@ -54,6 +54,21 @@ WEIGHTS = "weights"
 MODEL_SHA256 = "model_sha256"
 
 
+def sidecars(model_path: str | Path) -> list[Path]:
+    """Every file an export writes beside the model: its JSON, weights and id maps."""
+    return [sidecar(model_path, what) for what in ("json", WEIGHTS, *ID_MAPS)]
+
+
+def read_json_object(path: str | Path) -> dict[str, Any] | None:
+    """A JSON file's object (an export's metadata file), else None: no file, not JSON, not an
+    object."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def sidecar(model_path: str | Path, what: str) -> Path:
     """The file next to the model: ``json``, ``weights`` (external data) or an id map
     (``songs``, ``playlists``, ``users``)."""

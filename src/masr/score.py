@@ -63,15 +63,16 @@ from masr.io import (
 from masr.onnx_format import (
     FORMAT,
     ID_MAP_SIZES,
-    ID_MAPS,
     INPUTS,
     MODEL_SHA256,
     OUTPUTS,
     UNKNOWN,
     WEIGHTS,
+    read_json_object,
     read_metadata,
     sha256_file,
     sidecar,
+    sidecars,
 )
 
 #: Floats in one of the graph's largest tensors (grid x chunk, ``plan_batches``) per call: 1 GiB.
@@ -869,11 +870,8 @@ def _export_metadata(model: Path) -> dict[str, Any]:
 
 def _sidecar_json(side: Path) -> dict[str, Any]:
     """The metadata JSON file next to a model: a JSON object, else one error line."""
-    try:
-        beside = json.loads(side.read_text())
-    except (OSError, ValueError):
-        raise MasrError(f"{side}: unreadable metadata file") from None
-    if not isinstance(beside, dict):
+    beside = read_json_object(side)
+    if beside is None:
         raise MasrError(f"{side}: unreadable metadata file (not a JSON object)")
     return beside
 
@@ -911,7 +909,7 @@ def check_paths(
         check_output_file(out, "--out")  # a directory, or a path below a file
         # the output is written aside and renamed over its path: what it names would be lost
         model_files = [] if model is None else [
-            Path(model), *(sidecar(model, w) for w in ("json", WEIGHTS, *ID_MAPS))
+            Path(model), *sidecars(model)
         ]
         for part, what in ((input, "the input"), *((p, f"the model's file {p}")
                                                     for p in model_files)):

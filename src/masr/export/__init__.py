@@ -98,14 +98,14 @@ def check_replaceable_model(out: str | Path) -> None:
     checkpoint, another program's model): the export replaces ``out`` whole (QA: ``--out
     notes.txt`` became an ONNX model without a word). An earlier export is replaced."""
     out = Path(out)
-    from masr.onnx_format import FORMAT, read_metadata
+    from masr.onnx_format import FORMAT, read_json_object, read_metadata, sidecars
 
     if not out.is_file():
         # no model there: the files the export writes beside it (NAME.json, its id maps and
         # weights) are replaced too, so they must be an earlier masr export's (its JSON)
-        beside = [sidecar(out, w) for w in ("json", WEIGHTS, *ID_MAPS)]
+        beside = sidecars(out)  # the JSON first
         found = [p for p in beside if p.exists()]
-        if found and _json_format(beside[0]) != FORMAT:
+        if found and (read_json_object(beside[0]) or {}).get("format") != FORMAT:
             raise MasrError(
                 f"--out {out}: {found[0]} exists and is not a masr export's, and the export "
                 "writes it; choose another name, or remove it first"
@@ -120,15 +120,6 @@ def check_replaceable_model(out: str | Path) -> None:
             f"--out {out}: an existing file that is not a masr export, which the export would "
             "replace; choose another name, or remove it first"
         )
-
-
-def _json_format(path: Path) -> Any:
-    """The "format" entry of a JSON object file, else None (no file, not JSON, not an object)."""
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value.get("format") if isinstance(value, dict) else None
 
 
 def check_outside_runs(out: str | Path, runs_dir: str | Path) -> None:
