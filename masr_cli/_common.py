@@ -158,6 +158,13 @@ class Terminated(KeyboardInterrupt):
     files removed, then exits with 143."""
 
 
+def stopped(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """The error line and exit status of a command stopped by SIGTERM (143) or Ctrl-C (130)."""
+    if isinstance(exc, Terminated):
+        return "terminated (SIGTERM)", 143
+    return "interrupted", 130
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated()
 
@@ -189,10 +196,8 @@ def handle_errors(func: F) -> F:
             return func(*args, **kwargs)
         except MasrError as exc:
             raise fail(str(exc)) from None
-        except Terminated:
-            raise fail("terminated (SIGTERM)", 143) from None
-        except KeyboardInterrupt:
-            raise fail("interrupted", 130) from None
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+            raise fail(*stopped(exc)) from None
         except MemoryError:
             raise fail(OUT_OF_MEMORY) from None
         except ModuleNotFoundError as exc:  # a scoring-only install (no torch, no onnx)

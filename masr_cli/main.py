@@ -9,7 +9,7 @@ try:  # Ctrl-C while the commands load (QA: a KeyboardInterrupt traceback): one 
     import typer
 
     from masr_cli import analyze, evaluate, export, prep, reproduce, score, synth, train
-    from masr_cli._common import handle_errors, unwrap
+    from masr_cli._common import handle_errors, stopped, unwrap
 except KeyboardInterrupt:
     sys.stderr.write("masr: error: interrupted\n")
     raise SystemExit(130) from None
@@ -81,17 +81,16 @@ def run() -> None:
     """Console-script entry point: ``app`` with its usage errors (an unknown option or
     command, a value not among the choices, a missing argument) as one line on stderr, as
     every other error of masr is, pointing to the command's --help; exit status 2."""
-    import sys
-
     empty = _empty_value(sys.argv[1:])
     if empty is not None:
         typer.echo(f"masr: error: {empty}", err=True)
         sys.exit(2)
     try:
         code = app(standalone_mode=False)
-    except KeyboardInterrupt:  # outside a command's own handling (parsing, the callback)
-        typer.echo("masr: error: interrupted", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:  # outside a command's own handling (parsing, the callback)
+        line, status = stopped(exc)
+        typer.echo(f"masr: error: {line}", err=True)
+        sys.exit(status)
     except typer.Abort:
         typer.echo("masr: error: aborted", err=True)
         sys.exit(1)

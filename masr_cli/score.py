@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -13,7 +12,7 @@ from masr.config import SCORE_ENGINES, SCORE_FORMATS, ScoreConfig
 from masr_cli._common import Device, choices, console, log_line
 
 if TYPE_CHECKING:  # the CLI imports the library's scoring only when it runs
-    from masr.score import ScoreSummary
+    pass
 
 NAME = "score"
 
@@ -152,51 +151,8 @@ def command(
     given = {"user": user_col, "playlist": playlist_col, "track": track_col}
     columns = input_columns(check_model_path(model), given, log_line)
     config = replace(config, columns=columns)
-    if str(input) == "-" or _is_pipe(input):
-        summary = _score_spooled(input, model, out, config)
-    else:
-        summary = score_file(input, model, out, config, log=log_line)
+    summary = score_file(input, model, out, config, log=log_line)  # `-` or a pipe: spooled
     console.print(summary.line(), highlight=False, soft_wrap=True)
     warning = summary.warning()
     if warning:
         log_line(warning)
-
-
-def _is_pipe(path: Path) -> bool:
-    """A named pipe, e.g. ``<(zcat playlists.csv.gz)``: read once, so spooled as ``-`` is."""
-    import stat
-
-    try:
-        return stat.S_ISFIFO(path.stat().st_mode)
-    except OSError:
-        return False
-
-
-def _score_spooled(
-    input: Path, model: Path, out: Path | None, config: ScoreConfig
-) -> ScoreSummary:
-    """INPUT `-` (standard input) or a named pipe: spooled to a private temporary file (the
-    reader needs a file it can scan twice and tell the format of: CSV, TSV, Parquet, gzipped
-    or not), removed after."""
-    import shutil
-    import sys
-    import tempfile
-
-    from masr.errors import MasrError
-    from masr.score import score_file
-
-    stdin = str(input) == "-"
-    name = "standard input" if stdin else str(input)
-    if config.engine != "local":
-        raise MasrError(f"INPUT {input}: {name} is read here; --engine ray needs a file")
-    if stdin and sys.stdin.isatty():
-        raise MasrError("INPUT -: standard input is a terminal; pipe a file in: masr score - < F")
-    with tempfile.TemporaryDirectory(prefix="masr-stdin-") as tmp:
-        path = Path(tmp) / "stdin"
-        with open(path, "wb") as fh, \
-                (contextlib.nullcontext(sys.stdin.buffer) if stdin else open(input, "rb")) as src:
-            shutil.copyfileobj(src, fh, 1 << 20)
-        try:
-            return score_file(path, model, out, config, log=log_line)
-        except MasrError as exc:  # name the input as the user gave it, not the spool file
-            raise MasrError(str(exc).replace(str(path), name)) from None

@@ -125,6 +125,31 @@ def test_chunked_reading_gives_the_same_output(tmp_path: Path, exported: Path) -
     assert whole.read_text() == chunked.read_text()
 
 
+def test_standard_input_and_a_named_pipe_score_as_the_file(
+    tmp_path: Path, exported: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """score_file reads ``-`` and a named pipe itself (spooled: the reader scans its input
+    twice), as the CLI does, with the file's output."""
+    import io
+    import os
+    import sys
+    import threading
+
+    src = write_csv(tmp_path / "in.csv", ROWS)
+    expected = tmp_path / "file.csv"
+    score_file(src, exported, expected, ScoreConfig(k=3))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(src.read_bytes())))
+    score_file("-", exported, tmp_path / "stdin.csv", ScoreConfig(k=3))
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(src.read_bytes()), daemon=True)
+    writer.start()
+    score_file(fifo, exported, tmp_path / "pipe.csv", ScoreConfig(k=3))
+    writer.join(timeout=60)
+    for got in ("stdin.csv", "pipe.csv"):
+        assert (tmp_path / got).read_text() == expected.read_text()
+
+
 def test_playlists_scattered_across_read_chunks_are_regrouped(
     tmp_path: Path, exported: Path
 ) -> None:

@@ -30,6 +30,7 @@ import contextlib
 import io
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -758,6 +759,8 @@ def score_file(
     if config.columns is None:
         # the input's column names come from the export's metadata: the model first
         config = replace(config, columns=input_columns(check_model_path(model), say=say))
+    if str(input) == "-" or _is_pipe(Path(input)):
+        return _score_spooled(input, model, out, config, say)
     if config.engine == "ray":  # Ray is imported there, never on this engine's path
         from masr.score_ray import score_ray
 
@@ -801,6 +804,47 @@ def csv_output(out: str | Path, say: Callable[[str], None]) -> Iterator[IO[bytes
             return
         with gzip_writer(fh) as packed:
             yield packed  # type: ignore[misc]
+
+
+def _is_pipe(path: Path) -> bool:
+    """A named pipe, e.g. ``<(zcat playlists.csv.gz)``: read once, so spooled as ``-`` is."""
+    try:
+        return stat.S_ISFIFO(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def _score_spooled(
+    input: str | Path,
+    model: str | Path,
+    out: str | Path | None,
+    config: ScoreConfig,
+    say: Callable[[str], None],
+) -> ScoreSummary:
+    """INPUT ``-`` (standard input) or a named pipe: spooled to a private temporary file (the
+    reader needs a file it can scan twice and tell the format of: CSV, TSV, Parquet, gzipped
+    or not), scored by ``score_file``, removed after."""
+    import shutil
+    import tempfile
+
+    stdin = str(input) == "-"
+    name = "standard input" if stdin else str(input)
+    if config.engine != "local":
+        raise MasrError(f"INPUT {input}: read here, once; --engine ray needs a file")
+    if stdin and sys.stdin.isatty():
+        raise MasrError("INPUT -: standard input is a terminal; pipe a file in: masr score - < F")
+    source = getattr(sys.stdin, "buffer", None) if stdin else None
+    if stdin and source is None:
+        raise MasrError("INPUT -: standard input is not a byte stream here; give a file")
+    with tempfile.TemporaryDirectory(prefix="masr-stdin-") as tmp:
+        path = Path(tmp) / "stdin"
+        with open(path, "wb") as fh, \
+                (contextlib.nullcontext(source) if stdin else open(input, "rb")) as src:
+            shutil.copyfileobj(src, fh, 1 << 20)
+        try:
+            return score_file(path, model, out, config, log=say)
+        except MasrError as exc:  # name the input as the user gave it, not the spool file
+            raise MasrError(str(exc).replace(str(path), name)) from None
 
 
 def check_model_path(path: str | Path) -> Path:
