@@ -152,3 +152,31 @@ def test_tables_of_another_prep_are_one_line_not_an_index_error(tmp_path: Path) 
         shutil.copy(other / f"{table}.parquet", mixed / f"{table}.parquet")
         with pytest.raises(MasrError, match=f"{table}.parquet does not match manifest.json"):
             load_prepared(mixed)
+
+
+def test_a_folder_replaced_while_it_is_read_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    """A `masr prep --out` that replaces the folder between load_prepared's reads of
+    manifest.json and of the tables: one line asking to run again, not tables of two preps."""
+    import json as json_module
+
+    import polars as pl
+    import pytest
+    from conftest import write_planted
+
+    import masr.dataset
+    from masr.dataset import load_prepared
+    from masr.errors import MasrError
+
+    data = write_planted(tmp_path / "data")
+    real = pl.read_parquet
+
+    def replaced_meanwhile(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        manifest = data / "manifest.json"
+        values = json_module.loads(manifest.read_text())
+        values["seed"] = int(values.get("seed", 0)) + 1  # what another prep would write
+        manifest.write_text(json_module.dumps(values))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(masr.dataset.pl, "read_parquet", replaced_meanwhile)
+    with pytest.raises(MasrError, match="replaced while it was read"):
+        load_prepared(data)

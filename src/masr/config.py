@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from masr.errors import MasrError
+from masr.errors import MasrError, check_instance
 from masr.seed import MAX_SEED
 
 #: choices of the settings below (the CLI derives its enums from these tuples)
@@ -429,12 +429,7 @@ class RunOptions:
             ("model_train", dict), ("alpha_search", bool), ("compile", bool),
         )
         for name, kind in kinds:  # a dict for a config, "no" for a flag: one line, not later
-            value = getattr(self, name)
-            if not isinstance(value, kind):
-                raise MasrError(
-                    f"RunOptions.{name}: expected {kind.__name__}, not {type(value).__name__} "
-                    f"{value!r:.60}"
-                )
+            check_instance(getattr(self, name), kind, f"RunOptions.{name}")
         self.alpha = check_alpha(self.alpha)
         if not isinstance(self.device, str) or not (
             self.device in DEVICES or self.device.startswith("cuda:")

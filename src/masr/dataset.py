@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from masr.errors import MasrError
+from masr.errors import MasrError, check_instance
 
 FORMAT_VERSION = 1
 #: the file that makes a folder a ``masr prep`` output
@@ -137,11 +137,7 @@ _MANIFEST_COUNTS = ("users", "playlists", "catalog_songs")
 def check_prepared(data: object, what: str = "data") -> None:
     """Refuse (MasrError) anything but a ``PreparedData`` where the library needs one: the
     likely mistake is the folder's path, which ``load_prepared`` reads."""
-    if not isinstance(data, PreparedData):
-        raise MasrError(
-            f"{what}: expected prepared data, masr.dataset.load_prepared(path), not "
-            f"{type(data).__name__} {data!r:.60}"
-        )
+    check_instance(data, PreparedData, what, "prepared data, masr.dataset.load_prepared(path)")
 
 
 def check_outside_prepared(path: str | Path, option: str, *, itself: bool = True) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from masr.config import PROTOCOLS, SPLITS
-from masr.errors import MasrError
+from masr.errors import MasrError, check_instance
 from masr.system import poll_threads
 
 if TYPE_CHECKING:
@@ -382,11 +382,8 @@ def evaluate_model_and(
     from masr.sampling import TrainingIndex
 
     check_prepared(data)
-    if not isinstance(model, Recommender):
-        raise MasrError(
-            f"model: expected a trained model, masr.runs.load_run(runs, name, data)[0], not "
-            f"{type(model).__name__} {model!r:.60}"
-        )
+    check_instance(model, Recommender, "model",
+                   "a trained model, masr.runs.load_run(runs, name, data)[0]")
     if split not in SPLITS:
         raise MasrError(f"--split must be one of {', '.join(SPLITS)}, not {split!r}")
     if isinstance(protocols, str):

@@ -37,7 +37,7 @@ import polars as pl
 from masr.atomic import atomic_dir, check_parents, check_replaceable_dir, sole_writer
 from masr.config import MAX_SONG_COUNT, check_kinds
 from masr.dataset import FORMAT_VERSION, MANIFEST, check_outside_prepared, fingerprint_of
-from masr.errors import MasrError
+from masr.errors import MasrError, check_instance
 from masr.io import POSITION, SONG_EXTRAS, Columns, RawInput, check_file, read_interactions
 from masr.seed import check_seed
 
@@ -395,11 +395,8 @@ def prepare(
     ``<out>.lock`` (``masr.lock``) keeps a second ``masr prep --out`` off the same folder.
     """
     for name, value, kind in (("columns", columns, Columns), ("config", config, PrepConfig)):
-        if value is not None and not isinstance(value, kind):  # a dict: one line, not later
-            raise MasrError(
-                f"prepare({name}=...): expected {kind.__name__}, not {type(value).__name__} "
-                f"{value!r:.60}"
-            )
+        if value is not None:  # a dict: one line, not later
+            check_instance(value, kind, f"prepare({name}=...)")
     check_parents(out, "--out")  # before the lock beside it is made
     # a link to the folder: the folder it names is the output (locked, cleaned, replaced)
     with sole_writer(out, "masr prep", log):
