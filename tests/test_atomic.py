@@ -53,9 +53,12 @@ def test_an_os_error_about_the_temporary_file_names_the_target(tmp_path: Path) -
 def test_a_device_written_in_place_is_named_by_its_errors() -> None:
     """/dev/full is written in place (not beside): a full-disk error names it, not nothing
     (QA: `masr score --out /dev/full` said only "No space left on device")."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
     with pytest.raises(OSError) as err, atomic_path("/dev/full") as path:
         assert str(path) == "/dev/full"
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        with open(path, "wb", buffering=0) as fh:  # a real write, as score's CSV makes
+            fh.write(b"playlist_id,rank,track_id,score\n")
     assert err.value.filename == "/dev/full" and err.value.errno == errno.ENOSPC
 
 
