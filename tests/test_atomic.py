@@ -47,6 +47,10 @@ def test_an_os_error_about_the_temporary_file_names_the_target(tmp_path: Path) -
         raise MasrError("a message that quotes (os error 28)")
     with pytest.raises(KeyboardInterrupt), atomic_path(target):
         raise KeyboardInterrupt
+    # Polars' own OSError names no file and carries no errno, only "(os error 28)" in its text
+    with pytest.raises(OSError) as err, atomic_path(target):
+        raise OSError("No space left on device (os error 28)")
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(target)
     assert list(tmp_path.iterdir()) == []
 
 

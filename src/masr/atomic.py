@@ -33,6 +33,9 @@ def _named_os_error(exc: BaseException, path: Path, tmp: Path) -> OSError | None
         if name is not None:  # the temporary file or one in the temporary folder
             where = where + name[len(str(tmp)):]
         number, reason = exc.errno, exc.strerror
+        found = _OS_ERROR_NUMBER.search(str(exc)) if number is None else None
+        if found is not None:  # Polars' own OSError "... (os error 28)" carries no errno
+            number, reason = int(found.group(1)), None
     else:
         polars = type(exc).__module__.startswith("polars")
         found = _OS_ERROR_NUMBER.search(str(exc)) if polars else None
