@@ -105,6 +105,17 @@ def test_write_synthetic_round_trips(tmp_path, name):
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
 
 
+def test_out_inside_prepared_data_is_refused(tmp_path):
+    """masr prep replaces its folder whole: a synth file written there would go with it."""
+    from masr.errors import MasrError
+    from masr.prep import prepare
+
+    prepare(None, tmp_path / "data", synth_users=60)
+    with pytest.raises(MasrError, match="inside the prepared data folder"):
+        write_synthetic(tmp_path / "data" / "x.csv", SynthConfig(users=40))
+    assert not (tmp_path / "data" / "x.csv").exists()
+
+
 def test_bad_settings_are_clear_errors(tmp_path):
     with pytest.raises(MasrError, match="--users"):
         synthesize(SynthConfig(users=0))

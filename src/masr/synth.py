@@ -485,6 +485,9 @@ def write_synthetic(
     path = Path(path)
     if path.is_dir():
         raise MasrError(f"{path}: is a directory; --out needs a file name such as playlists.csv")
+    from masr.dataset import check_outside_prepared
+
+    check_outside_prepared(path, "--out")  # masr prep replaces its folder whole, the file too
     suffixes = [s.lower() for s in path.suffixes]
     gz = bool(suffixes) and suffixes[-1] == ".gz"
     kind = suffixes[-2] if gz and len(suffixes) > 1 else (suffixes[-1] if suffixes else ".csv")
