@@ -735,7 +735,7 @@ def test_export_replaces_an_earlier_export_only(tmp_path: Path, runs: Path) -> N
     result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(out)])
     assert result.exit_code == 0, result.stderr
     a_file = runner.invoke(app, ["export", "--runs", str(notes), "--out", str(out)])
-    assert a_file.exit_code == 1 and "is a file, not the folder" in a_file.stderr
+    assert a_file.exit_code == 1 and "is a file, not a folder" in a_file.stderr
 
 
 def test_export_out_naming_a_folder_is_refused(tmp_path: Path, runs: Path) -> None:

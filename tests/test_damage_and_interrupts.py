@@ -121,6 +121,10 @@ def test_a_checkpoint_with_changed_bytes_is_refused_not_loaded(tmp_path: Path) -
     _flip_bytes(last)
     with pytest.raises(MasrError, match="last.pt: damaged"):
         load_checkpoint(last)
+    resumed = runner.invoke(app, [*base, "--resume"])
+    assert resumed.exit_code == 1 and "without --resume, mdr is trained from the start" in (
+        resumed.stderr
+    )
     _flip_bytes(best)
     assert not intact_checkpoint(best)
     said = runner.invoke(app, ["evaluate", "--data", str(data), "--runs", str(runs),

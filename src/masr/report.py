@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from masr.atomic import check_output_dir
 from masr.config import PROTOCOLS, check_alpha
 from masr.errors import MasrError
 from masr.evaluate import CUTOFFS
@@ -71,6 +72,7 @@ def evaluate_runs(
     if full_sample < 0:
         raise MasrError("--full-sample must be >= 0 (0 = every case)")
     runs_dir = Path(runs_dir)
+    check_output_dir(runs_dir, "--runs", creatable=False)  # a file, or below one: one line
     wanted: list[str] = []
     for n in names:
         if n == "all":

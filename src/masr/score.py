@@ -992,8 +992,11 @@ def _two_stage(
                     "which scores every song; two stages need a fusion: masr export --model "
                     f"amasr --candidates {config.candidates}"
                 )
+            alpha = model.metadata.get("alpha")
+            part = {0.0: "MASS alone", 1.0: "MDR alone"}.get(alpha)  # eq. 20 at its ends
+            scorer = f"{kind} at α {alpha:g} is {part}, which" if part else "the fusion"
             raise MasrError(
-                f"--candidates {config.candidates}: {path} is an exact export (the fusion scores "
+                f"--candidates {config.candidates}: {path} is an exact export ({scorer} scores "
                 "every song); export a two-stage model with masr export --candidates "
                 f"{config.candidates}"
             )

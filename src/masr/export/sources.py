@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from masr.atomic import check_output_dir
 from masr.errors import MasrError
 from masr.onnx_format import ID_MAP_SIZES, sha256_file
 
@@ -55,8 +56,7 @@ def resolve_sources(runs_dir: str | Path, kind: str | None) -> tuple[str, list[S
 
     Without ``kind``: AMASR when its parts (or its fusion run) exist, else MASR."""
     runs_dir = Path(runs_dir)
-    if runs_dir.exists() and not runs_dir.is_dir():
-        raise MasrError(f"--runs {runs_dir}: is a file, not the folder masr train writes runs to")
+    check_output_dir(runs_dir, "--runs", creatable=False)  # a file, or below one: one line
     if not runs_dir.is_dir():
         raise MasrError(f"--runs {runs_dir}: no such directory; train first (masr train)")
     looked: list[str] = []

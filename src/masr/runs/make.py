@@ -327,7 +327,10 @@ def _build(
         # begun just starts: a chain interrupted early would say this of every later part)
         log(f"{run}: nothing to resume in {run_dir} (no last.pt); training it from the start")
     if can_resume:
-        resume_state = load_checkpoint(run_dir / "last.pt")
+        try:
+            resume_state = load_checkpoint(run_dir / "last.pt")
+        except MasrError as exc:  # cut short or changed: what is left is to start again
+            raise MasrError(f"{exc}; without --resume, {run} is trained from the start") from None
         _check_resumable(run, run_dir, resume_state, train_cfg, spec.procedure == "apr")
         model = build_model(resume_state, device)
         log(f"{run}: resuming {run_dir} after epoch {resume_state['epoch']}")
