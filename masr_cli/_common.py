@@ -67,9 +67,8 @@ def cpu_threads_line(threads: int, device: str) -> str:
     import torch
 
     from masr.system import cpu_threads
-    from masr.train import resolve_device
 
-    if resolve_device(device).type == "cuda":  # "auto" on a GPU machine too
+    if _on_cuda(device):
         return ""
 
     n_threads, why = cpu_threads(threads)
@@ -82,14 +81,18 @@ def governed(threads: int, device: str, log: Callable[[str], None] | None) -> An
     CPU its training and evaluation loops keep the thread count at the free cores while they
     run (``masr.system.governed_threads``), saying each change through ``log``; otherwise
     nothing."""
-    if threads:
+    if threads or _on_cuda(device):
         return nullcontext()
     from masr.system import governed_threads
+
+    return governed_threads(log)
+
+
+def _on_cuda(device: str) -> bool:
+    """Whether the command's work runs on CUDA (``--device auto`` on a GPU machine too)."""
     from masr.train import resolve_device
 
-    if resolve_device(device).type == "cuda":  # "auto" on a GPU machine too
-        return nullcontext()
-    return governed_threads(log)
+    return resolve_device(device).type == "cuda"
 
 
 def log_after(first_line: str) -> Callable[[str], None]:

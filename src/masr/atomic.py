@@ -299,9 +299,7 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     link is followed (``data -> /big/disk/data``): the folder it names is replaced, the link
     stays, as the checks before (``check_replaceable_dir``) judged that folder.
     """
-    path = Path(path)
-    if path.is_symlink():
-        path = path.resolve()
+    path, _ = _target(path)  # a link: the folder it names
     path.parent.mkdir(parents=True, exist_ok=True)
     with _creating(path):
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))

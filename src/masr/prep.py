@@ -510,19 +510,18 @@ def _prepare(
         dropped[name] = int((~ok).sum())
     say(f"cleaned and split in {time.perf_counter() - t0:.2f}s")
     empty = [name for name in ("valid", "test") if not len(held[name])]
-    why = (
-        f"every held-out song of the {n_playlists:,} playlist(s) kept is in no other "
-        "playlist's training songs"
+    why = (  # said of the held-out songs of both splits, or of the one without cases
+        "every {} song of the " + f"{n_playlists:,} playlist(s) kept is in no other playlist's "
+        "training songs"
     )
     if len(empty) == 2:
         raise MasrError(
-            f"{source}: no validation and no test case left: {why}, so no model could be "
-            "validated or tested; give more playlists, with songs in common"
+            f"{source}: no validation and no test case left: {why.format('held-out')}, so no "
+            "model could be validated or tested; give more playlists, with songs in common"
         )
     if empty:  # e.g. a tiny input: preparing it is fine, say what it lacks
         split = "validation" if empty[0] == "valid" else "test"
-        say(f"warning: no {empty[0]} case left (every {split} song of the {n_playlists:,} "
-            "playlist(s) kept is in no other playlist's training songs): "
+        say(f"warning: no {empty[0]} case left ({why.format(split)}): "
             + ("`masr train` refuses data without validation cases (it validates every run "
                "on them); try another --seed or give more playlists" if empty[0] == "valid"
                else "`masr evaluate` has no test case to score (--split valid has some)"))

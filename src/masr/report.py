@@ -91,7 +91,7 @@ def evaluate_runs(
     from masr.runs.store import checkpoint_damage
 
     for run in wanted:  # a damaged checkpoint: one line before any work (QA: after the others'
-        path = Path(runs_dir) / run / "best.pt"  # evaluation; load_checkpoint reads it again)
+        path = runs_dir / run / "best.pt"  # evaluation; load_checkpoint reads it again)
         damage = checkpoint_damage(path) if path.is_file() else None
         if damage is not None:
             raise MasrError(f"{path}: damaged ({damage}); train {run} again, or leave it out")
@@ -127,6 +127,7 @@ def evaluate_runs(
         if r in RUNS and RUNS[r].procedure == "fuse" and RUNS[r].parts[1] in order
     }
     from masr.models.masr import FusionOnMass
+
     ready: dict[str, Any] = {}  # fusions loaded and evaluated with their MASS run
     for run in order:
         if run in ready:

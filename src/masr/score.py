@@ -840,7 +840,7 @@ def _score_spooled(
         path = Path(tmp) / "stdin"
         with open(path, "wb") as fh, \
                 (contextlib.nullcontext(source) if stdin else open(input, "rb")) as src:
-            shutil.copyfileobj(src, fh, 1 << 20)
+            shutil.copyfileobj(src, fh, 1 << 20)  # standard input is left open
         try:
             return score_file(path, model, out, config, log=say)
         except MasrError as exc:  # name the input as the user gave it, not the spool file

@@ -529,9 +529,8 @@ def _write_csv_stream(fh: IO[bytes], cfg: SynthConfig, sep: str = ",") -> int:
 
 def _stream_parquet(tmp: Path, chunks: Iterator[pl.DataFrame], name: str) -> int:
     """Write ``chunks`` as one Parquet file at ``tmp`` (for the file ``name``) without holding
-    them all: each chunk
-    goes to a part file in a private folder beside ``tmp``, then a streaming scan of the parts,
-    in order, is sunk into ``tmp`` and the folder removed."""
+    them all: each chunk goes to a part file in a private folder beside ``tmp``, then a
+    streaming scan of the parts, in order, is sunk into ``tmp`` and the folder removed."""
     import shutil
     import tempfile
 
@@ -549,5 +548,3 @@ def _stream_parquet(tmp: Path, chunks: Iterator[pl.DataFrame], name: str) -> int
         return rows
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
-
-
