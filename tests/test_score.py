@@ -371,6 +371,28 @@ def test_a_playlist_belongs_to_the_user_with_most_of_its_rows(
     assert recs["track_id"].to_list() == [f"s{i}" for i in songs.reshape(-1)]
 
 
+def test_a_known_playlist_without_a_user_keeps_its_training_user(
+    tmp_path: Path, exported: Path
+) -> None:
+    """Rows of a training playlist that name no user score as with the user it was trained
+    with, not as a new user's."""
+    data = exported.parent.parent / "data"
+    owners = pl.read_parquet(data / "playlists.parquet").join(
+        pl.read_parquet(data / "users.parquet"), on="user_idx"
+    )
+    owner = owners.filter(pl.col("playlist_id") == "p0")["user_id"].item()
+    rows = [("p0", "s1"), ("p0", "s2"), ("new", "s3")]
+    blank = write_csv(tmp_path / "blank.csv", [("", p, t) for p, t in rows])
+    named = write_csv(tmp_path / "named.csv", [(owner if p == "p0" else "", p, t) for p, t in rows])
+    config = ScoreConfig(k=5)
+    summary = score_file(blank, exported, tmp_path / "blank_out.csv", config)
+    score_file(named, exported, tmp_path / "named_out.csv", config)
+    assert summary.new_user_playlists == 1  # the new playlist's, with no user at all
+    out = read_out(tmp_path / "blank_out.csv")
+    assert out.equals(read_out(tmp_path / "named_out.csv"))
+    assert out.filter(pl.col("playlist_id") == "p0").height == 5
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(-1, 6), st.integers(0, 20)), min_size=1, max_size=120),

@@ -343,8 +343,14 @@ class ExportedModel(Engine):
             pl.col("track_id").cast(pl.String), pl.col("song_idx").cast(pl.Int64)
         )
         self.track_ids = self.songs.sort("song_idx")["track_id"]  # (V,) index -> track id
-        self.playlists = maps["playlists"].select(
-            pl.col("playlist_id").cast(pl.String), pl.col("playlist_idx").cast(pl.Int64)
+        playlists = maps["playlists"]
+        # each training playlist's user (exports since the playlists map carried it), for an
+        # input row of a known playlist that names no user
+        owner = pl.col("user_idx") if "user_idx" in playlists.columns else pl.lit(None)
+        self.playlists = playlists.select(
+            pl.col("playlist_id").cast(pl.String),
+            pl.col("playlist_idx").cast(pl.Int64),
+            owner.cast(pl.Int64).alias("trained_user_idx"),
         )
         self.users = maps["users"].select(
             pl.col("user_id").cast(pl.String), pl.col("user_idx").cast(pl.Int64)
@@ -566,7 +572,8 @@ class _Prepared:
 
 def _prepare(frame: pl.DataFrame, model: ExportedModel, summary: ScoreSummary) -> _Prepared:
     """Map ids, group rows into playlists and count. A playlist's user is, as in
-    ``masr prep``, the user with most of its rows (ties: the smallest id)."""
+    ``masr prep``, the user with most of its rows (ties: the smallest id); a known playlist
+    whose rows name no user keeps its training user."""
     frame = (
         frame.with_row_index("row")
         .join(model.songs, left_on="track", right_on="track_id", how="left")
@@ -597,6 +604,13 @@ def _prepare(frame: pl.DataFrame, model: ExportedModel, summary: ScoreSummary) -
         .join(model.users, left_on="owner", right_on="user_id", how="left")
         .join(model.playlists, left_on="playlist", right_on="playlist_id", how="left")
         .sort("order")
+        # a known playlist whose rows name no user keeps the user it was trained with
+        .with_columns(
+            pl.when(pl.col("owner").is_null())
+            .then(pl.col("trained_user_idx"))
+            .otherwise(pl.col("user_idx"))
+            .alias("user_idx")
+        )
         .with_columns(pl.col("user_idx", "playlist_idx").fill_null(UNKNOWN))
     )
     n_members = grouped["members"].list.len().to_numpy().astype(np.int64)
