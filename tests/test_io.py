@@ -609,3 +609,25 @@ def test_an_empty_mpd_slice_says_it_has_no_playlists(tmp_path):
     path.write_text('{"playlists": []}')
     msg = _error(path)
     assert "no playlists in it" in msg
+
+
+def test_an_mpd_pid_read_twice_is_one_error_line(tmp_path):
+    """A pid names one MPD playlist: a slice beside its own gzipped copy, or a pid twice in one
+    slice, is refused rather than merged into one playlist."""
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+    text = json.dumps(_mpd_slice([0, 1]))
+    (data / "mpd.slice.0-1.json").write_text(text)
+    (data / "mpd.slice.0-1.json.gz").write_bytes(gzip.compress(text.encode()))
+    msg = _error(data)
+    assert "pid 0 is also in" in msg and "mpd.slice.0-1.json" in msg
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps(_mpd_slice([4, 4])))
+    assert "pid 4 names 2 playlists" in _error(twice)
+    apart = tmp_path / "apart"
+    apart.mkdir()
+    (apart / "mpd.slice.0-1.json").write_text(text)
+    (apart / "mpd.slice.2-3.json").write_text(json.dumps(_mpd_slice([2, 3])))
+    assert read_interactions(apart).rows == 4 * 3

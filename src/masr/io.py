@@ -371,6 +371,7 @@ def mpd_json(path: Path, *, empty_playlists: bool = False) -> pl.LazyFrame:
     ``empty_playlists`` (``masr score``) one row without a track, so that they are continued
     too (from popularity). Read whole (JSON does not stream)."""
     frames = []
+    first_part: dict[str, Path] = {}  # pid -> the slice it was first read from
     for part in input_parts(path):
         data = part.read_bytes()
         try:
@@ -388,6 +389,7 @@ def mpd_json(path: Path, *, empty_playlists: bool = False) -> pl.LazyFrame:
             raise MasrError(f"{part}: {_MPD_LAYOUT}")
         lists = df.select(pl.col("playlists").explode()).unnest("playlists")
         lists = lists.select("pid", "tracks").with_row_index("_order")
+        _check_pids(lists["pid"].cast(pl.String), part, first_part)
         # (an empty list explodes to a null row in polars 1, to none in polars 2: drop both)
         rows = lists.explode("tracks").drop_nulls("tracks").unnest("tracks")
         if empty_playlists:  # in the file's order of playlists
@@ -405,6 +407,26 @@ def mpd_json(path: Path, *, empty_playlists: bool = False) -> pl.LazyFrame:
     if not frames:
         raise MasrError(f"{path}: no playlists in it (an empty \"playlists\" list)")
     return pl.concat(frames, how="diagonal_relaxed").lazy()
+
+
+def _check_pids(pids: pl.Series, part: Path, first_part: dict[str, Path]) -> None:
+    """One MasrError for a ``pid`` that names two playlists: twice in slice ``part``, or also
+    in an earlier slice (``first_part``, updated here). An MPD pid is one playlist's, so a
+    repeat is a slice read twice (a copy beside it, plain and gzipped) or slices of two
+    datasets, whose playlists would be merged into one without a word."""
+    repeated = pids.filter(pids.is_duplicated())
+    if len(repeated):
+        raise MasrError(
+            f"{part}: pid {repeated[0]} names {int((pids == repeated[0]).sum())} playlists; "
+            "an MPD pid names one"
+        )
+    for pid in pids.to_list():
+        earlier = first_part.setdefault(pid, part)
+        if earlier != part:
+            raise MasrError(
+                f"{part}: pid {pid} is also in {earlier} (the same slice twice, or slices of "
+                "two datasets?); an MPD pid names one playlist"
+            )
 
 
 def _empty_slice(df: pl.DataFrame) -> bool:
