@@ -72,9 +72,10 @@ def command(
         bool,
         typer.Option(
             "--external-data",
-            help="Write the weights to NAME.onnx.weights beside the model (ONNX external data) "
-            "even when one file would do; done anyway past protobuf's 2 GB limit. masr score "
-            "still takes the one --model path.",
+            help="Write the weights to NAME.weights beside the model --out NAME (ONNX external "
+            "data; exported/masr.onnx.weights for the default --out) even when one file would "
+            "do; done anyway past protobuf's 2 GB limit. masr score still takes the one --model "
+            "path.",
         ),
     ] = False,
     fold_in: Annotated[
