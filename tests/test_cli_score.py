@@ -442,6 +442,8 @@ def test_two_stage_export_and_score_round_trip(tmp_path: Path, runs: Path, model
     ]:  # fmt: skip
         bad = score(onnx_file, *extra)
         assert bad.exit_code == 1 and line in bad.stderr and bad.stdout == ""
+        # refused from the metadata, before the model is loaded: the one line alone
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     one_part = runner.invoke(app, [*args, "--model", "mdr", "--candidates", "5"])
     assert one_part.exit_code == 1 and "--candidates: mdr is one part" in one_part.stderr
     assert "--candidates" in runner.invoke(app, ["export", "--help"]).stdout

@@ -773,6 +773,8 @@ def score_file(
     if config.columns is None:
         # the input's column names come from the export's metadata: the model first
         config = replace(config, columns=input_columns(check_model_path(model), say=say))
+    # options the export cannot serve: refused before the input is read or the model loaded
+    check_candidates(_export_metadata(check_model_path(model)), config, model)
     if str(input) == "-" or _is_pipe(Path(input)):
         return _score_spooled(input, model, out, config, say)
     if config.engine == "ray":  # Ray is imported there, never on this engine's path
@@ -992,21 +994,24 @@ def _chunk_hint(model: ExportedModel, say: Callable[[str], None]) -> None:
         )
 
 
-def _two_stage(
-    model: ExportedModel, config: ScoreConfig, path: str | Path, say: Callable[[str], None]
-) -> None:
-    """``--candidates``: the run-time N of a two-stage export; an exact export has no first
-    stage to size (one line naming the export option)."""
-    if not model.two_stage:
+def check_candidates(metadata: dict[str, Any], config: ScoreConfig, path: str | Path) -> None:
+    """``--candidates`` and ``--k`` against an export's ``metadata`` (``_export_metadata``),
+    before its sessions are opened (at MPD size, gigabytes of weights): an exact export has
+    no first stage to size, and a two-stage one proposes N songs per playlist, so --k above
+    N is refused; one line naming the option to change. Nothing to check without metadata
+    (loading the model then says what is wrong with it)."""
+    if not metadata:
+        return
+    if metadata.get("candidates") is None:
         if config.candidates is not None:
-            kind = str(model.metadata.get("model", ""))
+            kind = str(metadata.get("model", ""))
             if kind not in ("masr", "amasr"):  # one part: nothing to re-rank with
                 raise MasrError(
                     f"--candidates {config.candidates}: {path} is a one-part export ({kind}), "
                     "which scores every song; two stages need a fusion: masr export --model "
                     f"amasr --candidates {config.candidates}"
                 )
-            alpha = model.metadata.get("alpha")
+            alpha = metadata.get("alpha")
             part = {0.0: "MASS alone", 1.0: "MDR alone"}.get(alpha)  # eq. 20 at its ends
             scorer = f"{kind} at α {alpha:g} is {part}, which" if part else "the fusion"
             raise MasrError(
@@ -1015,14 +1020,28 @@ def _two_stage(
                 f"{config.candidates}"
             )
         return
-    n = config.candidates or int(model.metadata["candidates"])
-    k = min(config.k, model.n_songs)
+    try:
+        n = config.candidates or int(metadata["candidates"])
+        k = min(config.k, int(metadata["sizes"]["n_songs"]))
+    except (KeyError, TypeError, ValueError):
+        return  # metadata without them: loading the model says what is wrong
     if n < k:
         whose = "asked for (--candidates)" if config.candidates else "of this two-stage export"
         raise MasrError(
             f"--k {config.k}: more than the {n:,} candidates per playlist {whose}; pass "
             f"--candidates {k} or more, or a smaller --k"
         )
+
+
+def _two_stage(
+    model: ExportedModel, config: ScoreConfig, path: str | Path, say: Callable[[str], None]
+) -> None:
+    """``--candidates``: the run-time N of a two-stage export (``check_candidates`` on the
+    metadata of the loaded model too: a model file replaced since is checked as it is)."""
+    check_candidates(model.metadata, config, path)
+    if not model.two_stage:
+        return
+    n = config.candidates or int(model.metadata["candidates"])
     model.use_candidates(config.candidates)
     proposed = min(n, model.n_songs)
     say(
