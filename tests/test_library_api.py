@@ -319,3 +319,14 @@ def test_prep_score_and_export_configs_refuse_text_for_numbers() -> None:
         with pytest.raises(MasrError, match=f"^{re.escape(message)}"):
             config.validate()
     PrepConfig(min_songs=np.int64(5)).validate()  # numpy integers are integers
+
+
+@pytest.mark.parametrize("seed", ["1", 1.5, None])
+def test_set_seed_refuses_a_seed_that_is_no_integer(seed: object) -> None:
+    """Before any generator is seeded (QA: TypeError from the range check, or from numpy after
+    Python's generator was already seeded)."""
+    import masr
+
+    with pytest.raises(MasrError, match=r"^--seed .*: is not an integer"):
+        masr.set_seed(seed)  # type: ignore[arg-type]
+    masr.set_seed(np.int64(3))  # numpy integers are integers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import random
 import sys
@@ -14,10 +15,14 @@ MAX_SEED = 2**63 - 1
 
 
 def check_seed(seed: int, option: str = "--seed") -> None:
-    """One clear MasrError for a seed outside [0, MAX_SEED]."""
-    if not 0 <= seed <= MAX_SEED:
-        from masr.errors import MasrError
+    """One clear MasrError for a seed that is not an integer (numpy's too, not a bool) or lies
+    outside [0, MAX_SEED]: a seed given from Python as "1", 1.5 or None is refused before any
+    generator is seeded, not as a TypeError from numpy after Python's was."""
+    from masr.errors import MasrError
 
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise MasrError(f"{option} {seed!r}: is not an integer")
+    if not 0 <= seed <= MAX_SEED:
         raise MasrError(f"{option} must be in [0, 2^63 - 1] (got {seed})")
 
 
@@ -29,6 +34,7 @@ def set_seed(seed: int, *, deterministic: bool = True) -> np.random.Generator:
     torch-free code paths (ONNX scoring) never import it.
     """
     check_seed(seed)
+    seed = int(seed)  # a numpy integer: Python's random.seed takes ints only
     random.seed(seed)
     np.random.seed(seed % (2**32))
     os.environ.setdefault("PYTHONHASHSEED", str(seed))
