@@ -136,3 +136,34 @@ def test_sizes_past_the_generator_are_one_line() -> None:
     for kwargs, option in (({"users": 10**19}, "--users"), ({"songs": 10**23}, "--songs")):
         with pytest.raises(MasrError, match=option):
             SynthConfig(**kwargs).validate()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"users": "5"}, "--users '5': is not an integer"),
+        ({"seed": -1}, "--seed must be in [0, 2^63 - 1] (got -1)"),
+        ({"seed": 1.5}, "--seed 1.5: is not an integer"),
+        ({"favourite_artists": 0}, "favourite_artists must be at least 1 (got 0)"),
+        ({"draws_per_song": 0}, "draws_per_song must be at least 1 (got 0)"),
+        ({"songs_per_artist": 0.0}, "songs_per_artist must be positive (got 0)"),
+        ({"playlists_per_user": float("nan")}, "playlists_per_user nan: must be a finite number"),
+        ({"share_noise": float("nan")}, "share_noise nan: must be a finite number"),
+        ({"length_shape": float("nan")}, "length_shape nan: must be a finite number"),
+    ],
+)
+def test_library_settings_are_checked_before_numpy_sees_them(kwargs: dict, message: str) -> None:
+    """SynthConfig built in Python (QA: TypeError, ZeroDivisionError or numpy's ValueError from
+    deep inside the generator, or NaN shares generating a table)."""
+    import re
+
+    with pytest.raises(MasrError, match=f"^{re.escape(message)}"):
+        synthesize(SynthConfig(**{"users": 20, **kwargs}))
+
+
+def test_a_dict_for_the_config_is_one_line(tmp_path) -> None:
+    with pytest.raises(MasrError, match="^cfg: expected SynthConfig, not dict"):
+        synthesize({"users": 5})
+    with pytest.raises(MasrError, match="^cfg: expected SynthConfig, not dict"):
+        write_synthetic(tmp_path / "x.csv", {"users": 5})
+    assert not list(tmp_path.iterdir())

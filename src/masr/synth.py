@@ -28,7 +28,9 @@ import numpy as np
 import polars as pl
 
 from masr.atomic import atomic_path, gzip_writer, sole_writer
-from masr.errors import MasrError
+from masr.config import check_kinds
+from masr.errors import MasrError, check_instance
+from masr.seed import check_seed
 
 #: Columns of the generated table, in order.
 COLUMNS = ("user_id", "playlist_id", "track_id", "position", "track_name", "artist_name")
@@ -105,6 +107,15 @@ class SynthConfig:
         )
 
     def validate(self) -> None:
+        check_kinds(self, {"songs_per_playlist": "--mean-length"})  # "5" for users: one line
+        check_seed(self.seed)
+        finite = [  # songs_per_playlist (--mean-length): its range check below refuses NaN
+            "playlists_per_user", "songs_per_user", "songs_per_artist", "popularity_exponent",
+            "share_favourite", "share_focus", "share_noise", "length_shape",
+        ]
+        for name in finite:  # NaN passes every comparison below, then breaks numpy
+            if not math.isfinite(getattr(self, name)):
+                raise MasrError(f"{name} {getattr(self, name)}: must be a finite number")
         if self.users < 1:
             raise MasrError(f"--users must be at least 1 (got {self.users})")
         # a hundred times MPD's million playlists: past it, the generator's arrays do not fit
@@ -127,6 +138,13 @@ class SynthConfig:
             raise MasrError(f"--songs must be at least 10 (got {self.songs})")
         if self.length_shape <= 0:
             raise MasrError("length_shape must be positive")
+        if self.songs_per_user < 0:
+            raise MasrError(f"songs_per_user must be >= 0 (got {self.songs_per_user:g})")
+        if self.songs_per_artist <= 0:
+            raise MasrError(f"songs_per_artist must be positive (got {self.songs_per_artist:g})")
+        for name in ("favourite_artists", "draws_per_song"):
+            if getattr(self, name) < 1:
+                raise MasrError(f"{name} must be at least 1 (got {getattr(self, name)})")
         shares = self.share_favourite + self.share_focus + self.share_noise
         if min(self.share_favourite, self.share_focus, self.share_noise) < 0 or shares > 1:
             raise MasrError("song source shares must be non-negative and sum to at most 1")
@@ -408,6 +426,7 @@ def _song_table(cfg: SynthConfig, world: _World) -> pl.DataFrame:
 def iter_synthesize(cfg: SynthConfig, chunk_users: int = 50_000) -> Iterator[pl.DataFrame]:
     """The synthetic table in chunks of users (same rows as :func:`synthesize`, for any chunk
     size given the same config). Columns: :data:`COLUMNS` (names only when ``cfg.names``)."""
+    check_instance(cfg, SynthConfig, "cfg")  # a dict: one line, not an AttributeError
     cfg.validate()
     world = _world(cfg, np.random.default_rng([cfg.seed, 1]))
     songs = _song_table(cfg, world) if cfg.names else None
@@ -479,6 +498,7 @@ def write_synthetic(
     and written one at a time (for Parquet, as part files merged by Polars' streaming sink).
     """
     cfg = cfg or SynthConfig()
+    check_instance(cfg, SynthConfig, "cfg")  # a dict: one line, not an AttributeError
     cfg.validate()
     if str(path) == "-":  # CSV on stdout
         return _write_csv_stream(sys.stdout.buffer, cfg)
