@@ -330,3 +330,83 @@ def test_set_seed_refuses_a_seed_that_is_no_integer(seed: object) -> None:
     with pytest.raises(MasrError, match=r"^--seed .*: is not an integer"):
         masr.set_seed(seed)  # type: ignore[arg-type]
     masr.set_seed(np.int64(3))  # numpy integers are integers
+
+
+def test_one_name_or_path_is_not_read_as_its_letters(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Where a function takes several runs, paths or option names, one given alone is one
+    (QA: evaluate_runs(data, runs, "mdr") looked for runs "m", "d", "r"; epoch_seconds said
+    "r, u, n, s, ...: no such run folder"; with_recipe named the letters of "epochs")."""
+    from masr.analyze import epoch_seconds, quality_by_dim
+    from masr.dataset import load_prepared
+    from masr.report import evaluate_runs
+
+    data_dir, runs = trained
+    data = load_prepared(data_dir)
+    assert list(evaluate_runs(data, runs, "mdr", device="cpu", protocols=["sampled"])) == ["mdr"]
+    assert list(epoch_seconds(str(runs / "mdr"))) == ["mdr"]
+    assert list(quality_by_dim(data, str(runs), "mdr", device="cpu")) == ["mdr"]
+    options = RunOptions(train=TrainConfig(epochs=3)).with_recipe("paper", "epochs")
+    assert options.train.epochs == 3
+
+
+def test_evaluation_arguments_of_the_wrong_kind_are_one_line(
+    trained: tuple[Path, Path],
+) -> None:
+    """Text for a count or a weight, the folder's path for the data (QA: TypeError '<' not
+    supported, ValueError from float('.'), AttributeError inside TrainingIndex)."""
+    from masr.analyze import pmi_attentive_scores
+    from masr.dataset import load_prepared
+    from masr.evaluate import evaluate_model
+    from masr.report import evaluate_runs
+    from masr.runs import load_run
+
+    data_dir, runs = trained
+    data = load_prepared(data_dir)
+    model, _ = load_run(runs, "mdr", data)
+    with pytest.raises(MasrError, match=r"^--full-sample '5': is not an integer"):
+        evaluate_model(model, data, full_sample="5")
+    for kwargs, message in (
+        ({"full_sample": "5"}, "--full-sample '5': is not an integer"),
+        ({"candidates": "5"}, "--candidates '5': is not an integer"),
+        ({"alphas": "0.5"}, "--alpha '0.5': is not a number"),
+        ({"sample_seed": "1"}, "--sample-seed '1': is not an integer"),
+    ):
+        with pytest.raises(MasrError, match=f"^{re.escape(message)}"):
+            evaluate_runs(data, runs, ["mdr"], device="cpu", **kwargs)
+    with pytest.raises(MasrError, match="^data: expected prepared data"):
+        evaluate_runs(str(data_dir), runs, ["mdr"], device="cpu")
+    with pytest.raises(MasrError, match=r"^--alpha 'x': is not a number"):
+        RunOptions(alpha="x")
+    with pytest.raises(MasrError, match=r"^--cases -1: must be >= 0"):
+        pmi_attentive_scores(data, "test", -1)
+    with pytest.raises(MasrError, match=r"^--split must be one of test, valid, not 'train'"):
+        pmi_attentive_scores(data, "train", 10)
+
+
+def test_a_dict_for_a_typed_config_is_one_line(trained: tuple[Path, Path], tmp_path: Path) -> None:
+    """As prepare's: train_run's options, export_model's and score_file's configs, a score
+    config's columns, and from_dict of something not a dict (QA: AttributeErrors)."""
+    from masr.config import ExportConfig, ScoreConfig
+    from masr.dataset import load_prepared
+    from masr.export import export_model
+    from masr.runs import train_run
+    from masr.score import score_file
+
+    data_dir, runs = trained
+    with pytest.raises(MasrError, match=r"^train_run\(options=...\): expected RunOptions"):
+        train_run("pop", load_prepared(data_dir), tmp_path / "runs", {"train": {}})
+    with pytest.raises(MasrError, match=r"^export_model\(config=...\): expected ExportConfig"):
+        export_model(runs, tmp_path / "m.onnx", {"model": "mdr"})
+    model = export_model(runs, tmp_path / "m.onnx", ExportConfig(model="mdr")).path
+    src = tmp_path / "in.csv"
+    src.write_text("user_id,playlist_id,track_id\nu0,p0,s1\n")
+    with pytest.raises(MasrError, match=r"^score_file\(config=...\): expected ScoreConfig"):
+        score_file(src, model, tmp_path / "out.csv", {"k": 3})
+    with pytest.raises(MasrError, match=r"^ScoreConfig.columns: expected Columns, not dict"):
+        score_file(src, model, tmp_path / "out.csv", ScoreConfig(columns={"user": "u"}))
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "out.csv").exists()
+    for cls in (TrainConfig, AdversarialConfig, RunOptions):
+        with pytest.raises(MasrError, match=f"^{cls.__name__}.from_dict: expected dict"):
+            cls.from_dict(None)  # type: ignore[arg-type]

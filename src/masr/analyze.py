@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from masr.config import as_list, check_int
 from masr.errors import MasrError
 
 if TYPE_CHECKING:
@@ -150,11 +151,23 @@ def song_playlists(data: PreparedData) -> list[np.ndarray]:
     return [np.unique(playlists[bounds[s] : bounds[s + 1]]) for s in range(data.n_songs)]
 
 
+def _check_cases(split: str, max_cases: int) -> None:
+    """The split and the case count of the attention analysis, each in one line."""
+    from masr.config import SPLITS
+
+    if split not in SPLITS:
+        raise MasrError(f"--split must be one of {', '.join(SPLITS)}, not {split!r}")
+    check_int(max_cases, "--cases")
+    if max_cases < 0:
+        raise MasrError(f"--cases {max_cases}: must be >= 0 (0 = every case)")
+
+
 def pmi_attentive_scores(
     data: PreparedData, split: str = "test", max_cases: int = 500, seed: int = 0
 ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """(case indices, members per case, PMI attentive scores per case) for up to ``max_cases``
     cases of ``split`` drawn with ``seed`` (0 = every case); see the module docstring."""
+    _check_cases(split, max_cases)
     cases = data.test if split == "test" else data.valid
     holders = song_playlists(data)
     n_playlists = float(data.n_playlists)
@@ -217,14 +230,10 @@ def attention_correlation(
     ``log`` (``masr.runs.store.run_warnings``). Every run is checked before the work."""
     import torch
 
-    from masr.config import SPLITS
     from masr.models.base import Batch
     from masr.runs.store import load_run
 
-    if split not in SPLITS:
-        raise MasrError(f"--split must be one of {', '.join(SPLITS)}, not {split!r}")
-    if max_cases < 0:
-        raise MasrError(f"--cases {max_cases}: must be >= 0 (0 = every case)")
+    _check_cases(split, max_cases)
     if isinstance(run_dirs, str | Path):  # one run, not its path's letters
         run_dirs = [run_dirs]
     say = log or (lambda _msg: None)
@@ -300,7 +309,7 @@ def epoch_seconds(
     folder that does not exist is a MasrError (a typo, not a run to leave out)."""
     say = log or (lambda _msg: None)
     out: dict[str, dict[str, Any]] = {}
-    dirs = [Path(d) for d in run_dirs]
+    dirs = [Path(d) for d in as_list(run_dirs, (str, Path))]  # one run, not its path's letters
     missing = [str(d) for d in dirs if not d.is_dir()]
     if missing:
         raise MasrError(f"{', '.join(missing)}: no such run folder")
@@ -394,6 +403,7 @@ def quality_by_dim(
     from masr.runs.store import available_runs
 
     say = log or (lambda _msg: None)
+    runs, names = as_list(runs, (str, Path)), as_list(names)  # one of each, not its letters
     # every entry is read and checked before anything is evaluated (evaluation is the cost):
     # each run's run.json, and the prepared data its best.pt was trained on
     plan: list[tuple[Path, dict[str, int]]] = []

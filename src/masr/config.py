@@ -63,7 +63,11 @@ EXPORT_CHUNK = 256
 
 
 def check_alpha(alpha: float) -> float:
-    """``alpha`` as a float in [0, 1], else the one error line every user of α raises."""
+    """``alpha`` as a float in [0, 1], else the one error line every user of α raises (also
+    for text or None given from Python: "--alpha '0.5': is not a number")."""
+    problem = value_kind_problem(alpha, "float")
+    if problem is not None:
+        raise MasrError(f"--alpha {alpha!r}: {problem}")
     if not 0.0 <= float(alpha) <= 1.0:
         raise MasrError(
             f"--alpha {alpha}: must be between 0 and 1 (eq. 20 weights MDR by α, MASS by 1-α)"
@@ -140,11 +144,27 @@ def check_kinds(config: Any, options: dict[str, str] | None = None) -> None:
             object.__setattr__(config, f.name, int(value))
 
 
+def check_int(value: Any, option: str) -> None:
+    """One error line for a count given from Python that is not an integer ("5", 2.5, None):
+    "--full-sample '5': is not an integer", not a TypeError from the range check after it."""
+    problem = value_kind_problem(value, "int")
+    if problem is not None:
+        raise MasrError(f"{option} {value!r}: {problem}")
+
+
+def as_list(value: Any, one: type | tuple[type, ...] = str) -> list[Any]:
+    """``value`` as a list, where a library argument takes several names or paths: a single
+    one (a ``one``, e.g. a str or a Path) is a list of itself, not of its letters (QA:
+    ``evaluate_runs(data, runs, "amasr")`` looked for runs "a", "m", "s", "r")."""
+    return [value] if isinstance(value, one) else list(value)
+
+
 C = TypeVar("C")
 
 
 def _from_dict(cls: type[C], values: dict[str, Any]) -> C:
     """``cls(**values)`` keeping only ``cls``'s fields (older or newer files load too)."""
+    check_instance(values, dict, f"{cls.__name__}.from_dict")  # None, a list: one line
     names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
     return cls(**{k: v for k, v in values.items() if k in names})
 
@@ -448,7 +468,8 @@ class RunOptions:
         module does not import torch; the CLI passes the device it resolved)."""
         if name not in RECIPES:
             raise MasrError(f"--recipe must be one of {_list(tuple(RECIPES))}, not {name!r}")
-        unknown = sorted(set(explicit) - set(OPTION_PATHS))
+        explicit = set(as_list(explicit))  # one option's name, not its letters
+        unknown = sorted(explicit - set(OPTION_PATHS))
         if unknown:
             raise MasrError(
                 f"with_recipe: {', '.join(unknown)} not among the options a recipe sets "
@@ -506,6 +527,7 @@ class RunOptions:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunOptions:
+        check_instance(values, dict, "RunOptions.from_dict")  # None, a list: one line
         return cls(
             train=TrainConfig.from_dict(values.get("train", {})),
             adversarial=AdversarialConfig.from_dict(values.get("adversarial", {})),
@@ -526,6 +548,7 @@ class RunOptions:
         run continues with the options it was started with). Without ``--recipe`` in
         ``explicit`` the model settings are ``saved``'s too (its recipe's and its ``--set``
         ones), less those given again: ``settings``, the ``--set`` names of this command."""
+        explicit, settings = set(as_list(explicit)), as_list(settings)  # not their letters
         sections: dict[str, dict[str, Any]] = {"train": {}, "adversarial": {}, "": {}}
         model = dict(self.model)
         if "recipe" not in explicit:
@@ -652,6 +675,8 @@ class ScoreConfig:
     def validate(self) -> None:
         """Checked by ``score_file`` (the one consumer), not when made."""
         check_kinds(self)  # "10" for k: one line, not a TypeError
+        if self.columns is not None:  # a dict: one line, not an AttributeError mid-read
+            check_instance(self.columns, Columns, "ScoreConfig.columns")
         if self.k < 1:
             raise MasrError(f"--k {self.k}: must be >= 1")
         if self.batch_size is not None and self.batch_size < 1:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from masr.config import PROTOCOLS, SPLITS
+from masr.config import PROTOCOLS, SPLITS, check_int
 from masr.errors import MasrError, check_instance
 from masr.system import poll_threads
 
@@ -393,6 +393,7 @@ def evaluate_model_and(
         raise MasrError(
             f"--protocol must be among {', '.join(PROTOCOLS)}, not {', '.join(sorted(unknown))}"
         )
+    check_int(full_sample, "--full-sample")
     if full_sample < 0:
         raise MasrError(f"--full-sample {full_sample}: must be >= 0 (0 = every case)")
     sizes = {"n_users": data.n_users, "n_playlists": data.n_playlists, "n_songs": data.n_songs}

@@ -8,6 +8,7 @@ order are ``masr.runs.registry`` (shared with the store, which lists runs in tha
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from masr.atomic import check_output_dir
-from masr.config import PROTOCOLS, check_alpha
+from masr.config import PROTOCOLS, as_list, check_alpha, check_int
 from masr.errors import MasrError
 from masr.evaluate import CUTOFFS
 from masr.runs.registry import (
@@ -63,12 +64,17 @@ def evaluate_runs(
     beside its MASS run (and holding that run's weights) is scored from the MASS run's
     distances, computed once per batch for both (``evaluate.evaluate_model_and``): the same
     figures, about half the work."""
+    from masr.dataset import check_prepared
     from masr.evaluate import evaluate_model_and
     from masr.sampling import TrainingIndex
     from masr.train import resolve_device
 
     log = log or (lambda _msg: None)
-    alphas = [check_alpha(a) for a in alphas]  # before any work
+    check_prepared(data)  # the folder's path instead: one line, not an AttributeError later
+    names = as_list(names)  # one run's name, not its letters
+    alphas = [check_alpha(a) for a in as_list(alphas, (numbers.Real, str))]  # before any work
+    check_int(full_sample, "--full-sample")
+    check_int(candidates, "--candidates")
     if full_sample < 0:
         raise MasrError("--full-sample must be >= 0 (0 = every case)")
     runs_dir = Path(runs_dir)

@@ -51,7 +51,7 @@ from masr.atomic import (
 )
 from masr.config import ScoreConfig
 from masr.dataset import check_outside_prepared
-from masr.errors import MasrError
+from masr.errors import MasrError, check_instance
 from masr.io import (
     Columns,
     check_file,
@@ -766,6 +766,7 @@ def score_file(
     ``config.engine == "ray"``: the same rows from Ray actors (``masr.score_ray.score_ray``),
     also as Parquet parts in the directory ``out`` (``config.out_format``)."""
     config = config or ScoreConfig()
+    check_instance(config, ScoreConfig, "score_file(config=...)")  # a dict: one line
     config.validate()
     say = log or (lambda _msg: None)
     if out is not None and str(out) == "-":  # stdout, as `masr score --out -` reads it

@@ -54,7 +54,7 @@ from masr import __version__
 from masr.atomic import atomic_group, check_not_inside, check_parents
 from masr.config import ALPHA, FOLD_IN_MODES, UNKNOWN_USER_MODES, ExportConfig, ScoreConfig
 from masr.config import EXPORT_KINDS as KINDS
-from masr.errors import MasrError
+from masr.errors import MasrError, check_instance
 from masr.export import external
 from masr.export.graph import build_graph, graph_and_arrays
 from masr.export.sources import (
@@ -151,6 +151,7 @@ def export_model(
 
     Every file is written aside and renamed; parent folders are created."""
     config = config or ExportConfig()
+    check_instance(config, ExportConfig, "export_model(config=...)")  # a dict: one line
     config.validate()
     say = log or (lambda _msg: None)
     runs_dir, out = Path(runs_dir), Path(out)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from masr.atomic import remove_temp_entries
 from masr.config import RunOptions
 from masr.distributed import barrier, world
-from masr.errors import MasrError
+from masr.errors import MasrError, check_instance
 from masr.lock import locked
 from masr.runs.registry import (
     RunSpec,
@@ -101,6 +101,7 @@ def train_run(
 
     check_prepared(data)
     options = options or RunOptions()  # checked when made (masr.config)
+    check_instance(options, RunOptions, "train_run(options=...)")  # a dict: one line
     check_model_overrides(options.model)
     check_runs_dir(runs_dir, data)
     if len(data.valid) == 0:
