@@ -410,3 +410,22 @@ def test_a_dict_for_a_typed_config_is_one_line(trained: tuple[Path, Path], tmp_p
     for cls in (TrainConfig, AdversarialConfig, RunOptions):
         with pytest.raises(MasrError, match=f"^{cls.__name__}.from_dict: expected dict"):
             cls.from_dict(None)  # type: ignore[arg-type]
+
+
+def test_data_loaded_without_cases_says_so_when_cases_are_needed(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """load_prepared(path, cases=False) (what the export reads) has empty splits: evaluating or
+    training on it says why, not that masr prep kept no case (QA)."""
+    from masr.dataset import load_prepared
+    from masr.evaluate import evaluate_model
+    from masr.runs import load_run, train_run
+
+    data_dir, runs = trained
+    bare = load_prepared(data_dir, cases=False)
+    model, _ = load_run(runs, "mdr", bare)
+    with pytest.raises(MasrError, match=r"no test cases to rank \(load_prepared\(path, cases=Fa"):
+        evaluate_model(model, bare)
+    with pytest.raises(MasrError, match=r"no validation cases \(load_prepared\(path, cases=Fa"):
+        train_run("pop", bare, tmp_path / "runs", RunOptions(device="cpu"))
+    assert load_prepared(data_dir).cases_loaded and not bare.cases_loaded

@@ -62,7 +62,15 @@ class PreparedData:
     #: with ``train_song``: ``position`` order when train.parquet has it, else the file's row
     #: order (prep writes the input's row order then). None: no order known (song order is used).
     train_rank: np.ndarray | None = None
+    #: False: read by ``load_prepared(path, cases=False)``, ``valid`` and ``test`` left empty
+    cases_loaded: bool = True
     _tables: dict = field(default_factory=dict, repr=False)
+
+    def no_cases(self) -> str:
+        """Why a split has no cases, for the line that refuses the work."""
+        if not self.cases_loaded:
+            return "load_prepared(path, cases=False) left them out; load it without cases=False"
+        return "masr prep kept none, as its warning said"
 
     @property
     def train_user(self) -> np.ndarray:
@@ -289,4 +297,5 @@ def load_prepared(path: str | Path, cases: bool = True) -> PreparedData:
         valid=_cases(valid, playlist_user),
         test=_cases(test, playlist_user),
         train_rank=train["_rank"].to_numpy().astype(np.int64),
+        cases_loaded=cases,
     )

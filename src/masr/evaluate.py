@@ -413,8 +413,9 @@ def evaluate_model_and(
         other = "valid" if split == "test" else "test"
         has_other = len(data.valid if split == "test" else data.test) > 0
         raise MasrError(
-            f"{data.path}: no {split} cases to rank (masr prep kept none, as its warning said)"
-            + (f"; --split {other} has some" if has_other else "; prepare more playlists")
+            f"{data.path}: no {split} cases to rank ({data.no_cases()})"
+            + ("" if not data.cases_loaded else f"; --split {other} has some" if has_other
+               else "; prepare more playlists")
         )
     from masr.compiled import compile_scores
 

@@ -106,9 +106,10 @@ def train_run(
     check_runs_dir(runs_dir, data)
     if len(data.valid) == 0:
         raise MasrError(
-            f"{data.path}: no validation cases (masr prep kept none, as its warning said), and "
-            "masr train validates every run on them; prepare more playlists, or try another "
-            "masr prep --seed"
+            f"{data.path}: no validation cases ({data.no_cases()}), and masr train validates "
+            "every run on them"
+            + ("; prepare more playlists, or try another masr prep --seed"
+               if data.cases_loaded else "")
         )
     from masr.train import resolve_device
 
