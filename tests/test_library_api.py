@@ -429,3 +429,25 @@ def test_data_loaded_without_cases_says_so_when_cases_are_needed(
     with pytest.raises(MasrError, match=r"no validation cases \(load_prepared\(path, cases=Fa"):
         train_run("pop", bare, tmp_path / "runs", RunOptions(device="cpu"))
     assert load_prepared(data_dir).cases_loaded and not bare.cases_loaded
+
+
+def test_a_run_failing_after_an_epoch_was_saved_counts_that_epoch(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A progress hook that raises after epoch 2's last.pt was written: run.json of the failed
+    run counts the 2 epochs last.pt holds (QA: it said 1, as a Ctrl-C there no longer does)."""
+    from masr.dataset import load_prepared
+    from masr.runs import read_run_json, train_run
+    from masr.train import TrainProgress
+
+    class Failing(TrainProgress):
+        def epoch(self, record: dict) -> None:
+            if record["epoch"] == 2:
+                raise RuntimeError("a notebook's progress bar broke")
+
+    options = RunOptions(device="cpu", train=TrainConfig(epochs=3, patience=0), model={"dim": 8})
+    with pytest.raises(RuntimeError, match="progress bar broke"):
+        train_run("mdr", load_prepared(trained[0]), tmp_path / "runs", options, progress=Failing())
+    info = read_run_json(tmp_path / "runs" / "mdr")
+    assert info is not None and info["status"] == "failed"
+    assert [h["epoch"] for h in info["history"]] == [1, 2]

@@ -428,9 +428,11 @@ def _build(
     except BaseException as exc:  # Ctrl-C, SIGTERM, an error: the run says it did not finish
         if world().is_main:
             stopped = isinstance(exc, KeyboardInterrupt)
-            held = _held_history(run_dir / "last.pt") if stopped else None
+            # stopped or failed between last.pt and run.json (a progress hook that raised):
+            # run.json counts the epochs last.pt holds, what --resume continues
+            held = _held_history(run_dir / "last.pt")
             if held is not None and len(held) > len(info["history"]):
-                info["history"] = held  # stopped between last.pt and run.json: what resumes
+                info["history"] = held
             info["status"] = "interrupted" if stopped else "failed"
             info["stopped"] = now()
             try:  # best effort: on a full disk this write fails too, and must not hide why
@@ -472,7 +474,7 @@ def stop_reason(result: Any, config: Any) -> str:
 
 def _held_history(last: Path) -> list[dict[str, Any]] | None:
     """The epochs a run's ``last.pt`` holds (what --resume continues), None without a readable
-    one; read on an interruption only."""
+    one; read when a run stops unfinished."""
     if not last.is_file():
         return None
     import torch
