@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -467,3 +468,24 @@ def test_a_run_interrupted_in_its_first_epoch_inside_reproduce_names_reproduce(
     second = runner.invoke(app, args)
     assert second.exit_code == 0, second.stderr
     assert "--resume" not in second.stderr
+
+
+def test_reproduce_config_from_python_checks_kinds_and_sizes() -> None:
+    """Built in Python (QA: dims="16" trained the sizes 1 and 6, dims=(8.7,) the size 8,
+    epochs="3" was a TypeError, seed=1.5 passed)."""
+    from masr.config import ReproduceConfig
+    from masr.errors import MasrError
+    from masr.reproduce import reproduce
+
+    for kwargs, message in (
+        ({"dims": "16"}, "--dims '16': expected sizes like (8, 16, 32, 64)"),
+        ({"dims": (8.7,)}, "--dims (8.7,): 8.7 is not an integer"),
+        ({"dims": (8, 8)}, "--dims (8, 8): a size is given twice"),
+        ({"epochs": "3"}, "--epochs '3': is not an integer"),
+        ({"seed": 1.5}, "--seed 1.5: is not an integer"),
+    ):
+        with pytest.raises(MasrError, match=f"^{re.escape(message)}"):
+            ReproduceConfig(**kwargs)
+    assert ReproduceConfig(dims=[16, 8]).dims == (16, 8) and ReproduceConfig(dims=32).dims == (32,)
+    with pytest.raises(MasrError, match=r"^reproduce\(config=...\): expected ReproduceConfig"):
+        reproduce("data", "out", {"epochs": 1})  # type: ignore[arg-type]

@@ -732,7 +732,18 @@ class ReproduceConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.dims = tuple(int(d) for d in self.dims)
+        check_kinds(self)  # "3" for epochs: one line, not a TypeError
+        # sizes, each an integer: a str is not its digits ("16" was the sizes 1 and 6), 8.7 not 8
+        sizes = [self.dims] if isinstance(self.dims, (str, numbers.Number)) else self.dims
+        if isinstance(self.dims, str) or not isinstance(sizes, Iterable):
+            raise MasrError(f"--dims {self.dims!r}: expected sizes like (8, 16, 32, 64)")
+        for size in sizes:
+            problem = value_kind_problem(size, "int")
+            if problem is not None:
+                raise MasrError(f"--dims {self.dims!r}: {size!r} {problem}")
+        self.dims = tuple(int(d) for d in sizes)
+        if len(set(self.dims)) != len(self.dims):
+            raise MasrError(f"--dims {self.dims}: a size is given twice; give each once")
         _raise_first(
             [
                 ("--time-limit", _seconds(self.time_limit), SECONDS_RULE),

@@ -46,6 +46,7 @@ from masr.config import (
     RunOptions,
     TrainConfig,
 )
+from masr.errors import check_instance
 from masr.runs.registry import (
     ABLATIONS,
     EXTRA_BASELINES,
@@ -79,8 +80,10 @@ def reproduce(
 ) -> ReproduceResult:
     """Train and evaluate what Tables 2-4 and Figures 4-7 need; see the module docstring."""
     say = log or (lambda _msg: None)
+    config = config or ReproduceConfig()
+    check_instance(config, ReproduceConfig, "reproduce(config=...)")  # a dict: one line
     try:
-        return _reproduce(data_dir, out, config or ReproduceConfig(), say)
+        return _reproduce(data_dir, out, config, say)
     except KeyboardInterrupt:  # in training or not: the whole job goes on the same way
         say("masr reproduce: interrupted; the same `masr reproduce` command continues it "
             "(finished runs are reused, the interrupted one is trained again)")
