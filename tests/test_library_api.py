@@ -451,3 +451,22 @@ def test_a_run_failing_after_an_epoch_was_saved_counts_that_epoch(
     info = read_run_json(tmp_path / "runs" / "mdr")
     assert info is not None and info["status"] == "failed"
     assert [h["epoch"] for h in info["history"]] == [1, 2]
+
+
+def test_a_torch_cuda_device_without_cuda_is_one_line(trained: tuple[Path, Path]) -> None:
+    """load_run / resolve_device given torch.device("cuda") on a machine without CUDA (QA: an
+    AssertionError from inside torch), or None for the device."""
+    import torch
+
+    from masr.dataset import load_prepared
+    from masr.runs import load_run
+    from masr.train import resolve_device
+
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA")
+    data_dir, runs = trained
+    with pytest.raises(MasrError, match="^--device cuda: no CUDA device is available"):
+        load_run(runs, "mdr", load_prepared(data_dir), device=torch.device("cuda"))
+    with pytest.raises(MasrError, match="^--device must be auto, cpu or cuda, not None"):
+        resolve_device(None)  # type: ignore[arg-type]
+    assert resolve_device(torch.device("cpu")).type == "cpu"

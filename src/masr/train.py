@@ -199,9 +199,14 @@ class LazyAdam:
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """``auto`` (CUDA when present), ``cpu`` or ``cuda``; MasrError when CUDA is missing. A
-    ``torch.device`` is taken as it is."""
+    ``torch.device`` is taken as it is, once a CUDA one is checked the same way (QA: a notebook's
+    ``torch.device("cuda")`` on a CPU machine was an AssertionError from inside torch)."""
     if isinstance(device, torch.device):
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise MasrError(f"--device {device}: no CUDA device is available (use --device cpu)")
         return device
+    if not isinstance(device, str):
+        raise MasrError(f"--device must be auto, cpu or cuda, not {device!r}")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():

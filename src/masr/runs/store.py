@@ -245,7 +245,7 @@ def load_run(
         from masr.dataset import check_prepared
 
         check_prepared(data)
-    if isinstance(device, str) and device != "cpu":  # "auto", "cuda": as training reads them
+    if device != "cpu":  # "auto", "cuda", a torch.device: as training reads them
         from masr.train import resolve_device
 
         device = resolve_device(device)
