@@ -470,3 +470,24 @@ def test_a_torch_cuda_device_without_cuda_is_one_line(trained: tuple[Path, Path]
     with pytest.raises(MasrError, match="^--device must be auto, cpu or cuda, not None"):
         resolve_device(None)  # type: ignore[arg-type]
     assert resolve_device(torch.device("cpu")).type == "cpu"
+
+
+def test_a_model_loaded_without_data_is_not_evaluated_on_other_data(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """load_run's data is optional; a re-split of the same playlists (another prep seed) can have
+    the same sizes, and its test songs were the model's training songs (QA: evaluate_model
+    gave figures for it)."""
+    import dataclasses
+
+    from masr.dataset import load_prepared
+    from masr.evaluate import evaluate_model
+    from masr.runs import load_run
+
+    data_dir, runs = trained
+    data = load_prepared(data_dir)
+    model, _ = load_run(runs, "mdr")
+    assert evaluate_model(model, data, protocols="sampled")["sampled"]["hit@10"] >= 0
+    other = dataclasses.replace(data, manifest={**data.manifest, "fingerprint": "0123456789abcdef"})
+    with pytest.raises(MasrError, match="^mdr: trained on other prepared data .*0123456789abcdef"):
+        evaluate_model(model, other)

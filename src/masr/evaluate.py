@@ -402,6 +402,15 @@ def evaluate_model_and(
             f"{model.name}: trained on data of another size ({model.sizes()}) than "
             f"{data.path} ({sizes}); evaluate it on the prepared data it was trained on"
         )
+    # of the same size but other data (a re-split of the same playlists: its test songs were
+    # training songs), told by the fingerprint masr.runs.load_run keeps on its models
+    trained_on = getattr(model, "data_fingerprint", None)
+    if trained_on is not None and trained_on != data.fingerprint:
+        raise MasrError(
+            f"{model.name}: trained on other prepared data (fingerprint {trained_on}, "
+            f"{data.path} has {data.fingerprint}); evaluate it on the prepared data it was "
+            "trained on"
+        )
     if index is None:
         from masr.train import resolve_device
 

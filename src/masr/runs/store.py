@@ -238,7 +238,8 @@ def load_run(
     warn: Callable[[str], None] | None = None,
 ) -> tuple[Recommender, dict[str, Any]]:
     """The best model of run ``name`` (checking it was made on ``data`` when given); ``warn``
-    gets the lines of ``run_warnings``."""
+    gets the lines of ``run_warnings``. The model keeps the fingerprint of the data it was
+    trained on (``model.data_fingerprint``): ``evaluate_model`` refuses other data with it."""
     from masr.checkpoint import load_model
 
     if data is not None:
@@ -257,6 +258,9 @@ def load_run(
             + (f" (trained: {', '.join(have)})" if have else f"; run `masr train --model {name}`")
         )
     model, ckpt = load_model(path, device)
+    # loaded without data, then evaluated on a re-split of the same playlists (prep --seed),
+    # sized the same: its test songs were training songs (QA: figures, not an error)
+    model.data_fingerprint = ckpt.get("data_fingerprint")
     if warn is not None:
         for note in run_warnings(path.parent):
             warn(note)
