@@ -142,6 +142,7 @@ def command(
         to_jsonable,
         write_json,
     )
+    from masr.runs.store import check_not_run_file
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise MasrError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
@@ -158,6 +159,7 @@ def command(
     for option, path in (("--json", json_out), ("--plot", plot)):
         if path not in (None, "-"):
             check_not_inside(path, data, option)
+            check_not_run_file(path, option)  # QA: --json runs/mdr/best.pt replaced it
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, device.value))
     names = model or ["all"]

@@ -500,6 +500,25 @@ def test_outputs_inside_the_prepared_data_are_refused(tmp_path: Path) -> None:
             "1"], "is a file")
 
 
+def test_evaluate_never_writes_over_a_runs_own_files(tmp_path: Path) -> None:
+    """QA: `masr evaluate --json runs/pop/best.pt` replaced the checkpoint it had just read
+    (and --json runs/pop/run.json its record): refused before the work; another name in a
+    run folder is fine."""
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["--data", str(data), "--runs", str(runs), "--threads", "1"]
+    _ok(["train", "--model", "pop", *base])
+    before = {n: (runs / "pop" / n).read_bytes() for n in ("best.pt", "run.json")}
+    for name in before:
+        _fails(["evaluate", *base, "--json", str(runs / "pop" / name)],
+               f"--json {runs / 'pop' / name}: a file of the run folder")
+    assert {n: (runs / "pop" / n).read_bytes() for n in before} == before
+    _ok(["evaluate", *base, "--json", str(runs / "pop" / "metrics.json")])
+    assert "pop" in json.loads((runs / "pop" / "metrics.json").read_text())
+
+
 def test_outputs_below_a_file_are_one_clear_line(tmp_path: Path) -> None:
     """An output path under a file (QA: prep and export said only "afile: File exists", train
     "afile/mdr: Not a directory"): every command names the file, and nothing is made."""

@@ -116,6 +116,20 @@ def available_runs(runs_dir: str | Path) -> list[str]:
 
 #: held in ``runs/<run>/`` while the run is being made (``masr.lock``)
 RUN_LOCK = ".lock"
+#: the files ``masr train`` writes in ``runs/<run>/`` (and ``clear`` removes)
+RUN_FILES = ("best.pt", "last.pt", "run.json")
+
+
+def check_not_run_file(path: str | Path, option: str) -> None:
+    """Refuse (MasrError) an output file that is one of a run folder's own files (QA:
+    ``masr evaluate --json runs/mdr/best.pt`` replaced the checkpoint it had just read). A
+    folder with any of ``RUN_FILES`` is a run folder; other names in it are left alone."""
+    target = Path(path).resolve()
+    if target.name in RUN_FILES and any((target.parent / n).is_file() for n in RUN_FILES):
+        raise MasrError(
+            f"{option} {path}: a file of the run folder {target.parent}, which `masr train` "
+            "writes; choose another name"
+        )
 #: run.json statuses of a run that did not finish: its best.pt is the best epoch so far
 UNFINISHED = ("running", "interrupted", "failed")
 
@@ -278,6 +292,6 @@ def clear(run_dir: Path) -> None:
     if not world().is_main:
         return
     if run_dir.exists():
-        for name in ("best.pt", "last.pt", "run.json"):
+        for name in RUN_FILES:
             (run_dir / name).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
