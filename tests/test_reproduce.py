@@ -489,3 +489,20 @@ def test_reproduce_config_from_python_checks_kinds_and_sizes() -> None:
     assert ReproduceConfig(dims=[16, 8]).dims == (16, 8) and ReproduceConfig(dims=32).dims == (32,)
     with pytest.raises(MasrError, match=r"^reproduce\(config=...\): expected ReproduceConfig"):
         reproduce("data", "out", {"epochs": 1})  # type: ignore[arg-type]
+
+
+def test_reproduce_without_test_cases_stops_before_training(tmp_path: Path) -> None:
+    """QA: on prepared data with no test case (two playlists of the same five songs),
+    reproduce trained every Table 2/3 run, then stopped at their test evaluation; it now
+    says so first, and trains nothing."""
+    csv = tmp_path / "two.csv"
+    csv.write_text("user_id,playlist_id,track_id\n" + "".join(
+        f"u{p},p{p},t{s}\n" for p in (1, 2) for s in range(5)))
+    _invoke(["prep", str(csv), "--out", str(tmp_path / "data")])
+    assert len(load_prepared(tmp_path / "data").test) == 0
+    out = tmp_path / "results"
+    refused = runner.invoke(app, ["reproduce", "--data", str(tmp_path / "data"), "--out",
+                                  str(out), "--no-baselines", "--threads", "1"])
+    assert refused.exit_code == 1
+    assert "no test cases to rank" in refused.stderr, refused.stderr
+    assert not (out / "runs").exists()

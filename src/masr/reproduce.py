@@ -98,11 +98,17 @@ def _reproduce(
     data, out = load_prepared(data_dir), Path(out)
     from masr.atomic import check_output_dir, check_parents
     from masr.dataset import check_outside_prepared
+    from masr.errors import MasrError
 
     check_outside_prepared(out, "--out")  # the --data folder, or any other prep folder
     check_output_dir(out, "--out", "reproduce writes a folder (runs, tables, plots)")
     runs = out / "runs"
     check_parents(runs / "main", "--out")  # a file named runs in --out
+    if len(data.test) == 0:  # QA: every run was trained before the test evaluation said so
+        raise MasrError(
+            f"{data.path}: no test cases to rank ({data.no_cases()}); reproduce reports the "
+            "test split: prepare more playlists"
+        )
     base = RunOptions(
         train=TrainConfig(
             epochs=config.epochs,
