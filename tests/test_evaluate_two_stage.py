@@ -83,3 +83,20 @@ def test_cli_candidates_at_catalog_size_match_the_exact_figures(tmp_path):
     assert result.exit_code == 0, (result.stderr, result.exception)
     variant = json.loads(result.stdout)["masr@α=0.3"]
     assert {k: variant["two_stage"][k] for k in variant["full"]} == variant["full"]
+
+
+def test_cli_candidates_without_an_mdr_run_is_refused_before_any_evaluation(tmp_path):
+    """QA: a runs folder without `mdr` (pop only) evaluated pop first, then failed on
+    --candidates; now one line before any run is evaluated. A fusion brings its own MDR."""
+    from conftest import write_planted
+
+    runner = CliRunner()
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["--data", str(data), "--runs", str(runs), "--threads", "1"]
+    result = runner.invoke(app, ["train", "--model", "pop", *base])
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    result = runner.invoke(app, ["evaluate", *base, "--candidates", "5"])
+    assert result.exit_code == 1
+    assert "--candidates: MDR proposes the candidates" in result.stderr
+    assert "evaluated on" not in result.stderr  # nothing was evaluated first

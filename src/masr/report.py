@@ -102,6 +102,11 @@ def evaluate_runs(
         if damage is not None:
             raise MasrError(f"{path}: damaged ({damage}); train {run} again, or leave it out")
     fusions = [r for r in wanted if r in RUNS and RUNS[r].procedure == "fuse"]
+    if candidates and set(wanted) - set(fusions) and "mdr" not in available_runs(runs_dir):
+        raise MasrError(  # before any work (QA: said after the other runs' evaluation)
+            f"--candidates: MDR proposes the candidates, but {runs_dir} has no `mdr` run; "
+            f"train it with `masr train --model mdr --runs {runs_dir}`"
+        )
     if alphas and not fusions:
         log(f"note: --alpha re-weighs fusion runs (masr, amasr); none among {', '.join(wanted)}")
     dev = resolve_device(device)
