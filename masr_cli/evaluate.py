@@ -131,7 +131,7 @@ def command(
 
       masr evaluate --split valid --plot hits.png
     """
-    from masr.atomic import check_not_inside, check_output_file
+    from masr.atomic import check_creatable, check_not_inside, check_output_file
     from masr.dataset import load_prepared
     from masr.errors import MasrError
     from masr.report import (
@@ -160,6 +160,7 @@ def command(
         if path not in (None, "-"):
             check_not_inside(path, data, option)
             check_not_run_file(path, option)  # QA: --json runs/mdr/best.pt replaced it
+            check_creatable(path, option)  # QA: --json /sys/x.json failed after the work
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, device.value))
     names = model or ["all"]

@@ -517,6 +517,11 @@ def test_evaluate_never_writes_over_a_runs_own_files(tmp_path: Path) -> None:
     assert {n: (runs / "pop" / n).read_bytes() for n in before} == before
     _ok(["evaluate", *base, "--json", str(runs / "pop" / "metrics.json")])
     assert "pop" in json.loads((runs / "pop" / "metrics.json").read_text())
+    if Path("/proc").is_dir():  # QA: where nothing can be made, said after the evaluation
+        for option, name in (("--json", "/proc/x.json"), ("--plot", "/proc/x.png")):
+            said = _fails(["evaluate", *base, option, name],
+                          f"{option} {name}: nothing can be made in /proc")
+            assert "evaluated on" not in said
 
 
 def test_outputs_below_a_file_are_one_clear_line(tmp_path: Path) -> None:
