@@ -524,6 +524,21 @@ def test_evaluate_never_writes_over_a_runs_own_files(tmp_path: Path) -> None:
             assert "evaluated on" not in said
 
 
+def test_evaluate_model_is_a_runs_name_not_a_path(tmp_path: Path) -> None:
+    """QA: --model ../other/mass evaluated a run outside --runs and showed it among the
+    baselines as "../other/mass"; --model mdr/ (a shell's completion) was keyed "mdr/"."""
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["--data", str(data), "--runs", str(runs), "--threads", "1"]
+    _ok(["train", "--model", "pop", *base])
+    for name in ("../runs/pop", str(runs / "pop"), ".", "..", "/"):
+        _fails(["evaluate", *base, "--model", name], f"--model {name}: a run's name in")
+    said = _ok(["evaluate", *base, "--model", "pop/", "--json", "-"])
+    assert list(json.loads(said.stdout)) == ["pop"]
+
+
 def test_outputs_below_a_file_are_one_clear_line(tmp_path: Path) -> None:
     """An output path under a file (QA: prep and export said only "afile: File exists", train
     "afile/mdr: Not a directory"): every command names the file, and nothing is made."""

@@ -90,7 +90,12 @@ def evaluate_runs(
                     f"--runs {runs_dir}`"
                 )
             wanted += [r for r in found if r not in wanted]
-        elif n not in wanted:
+            continue
+        # QA: --model ../runs/mass was read from another folder, and shown as a baseline
+        if "/" in n.rstrip("/") or "\\" in n or n.strip("/") in ("", ".", ".."):
+            raise MasrError(f"--model {n}: a run's name in {runs_dir} (e.g. mdr), not a path")
+        n = n.rstrip("/")  # a shell's completion of the folder name: mdr/
+        if n not in wanted:
             wanted.append(n)
     if candidates < 0:
         raise MasrError(f"--candidates {candidates}: must be >= 0 (0 = exact only)")
