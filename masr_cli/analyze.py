@@ -83,7 +83,7 @@ def dims(
     from masr.seed import check_seed
 
     check_seed(seed, "--seed")
-    _check_out(out)  # before the evaluation, not after it
+    _check_out(out, "dims")  # before the evaluation, not after it
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, device.value))
     with governed(threads, device.value, log):
@@ -169,7 +169,7 @@ def attention(
         raise MasrError(f"--bootstrap {bootstrap}: must be 0 (no standard errors) or from 2 to "
                         f"{MAX_BOOTSTRAP:,} resamples")
     check_seed(seed, "--seed")
-    _check_out(out)
+    _check_out(out, "attention")
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, "cpu"))
     pairs = attention_correlation(
@@ -263,7 +263,7 @@ def speed(
     from masr.errors import MasrError
     from masr.figures import maybe, plot_epoch_seconds
 
-    _check_out(out)
+    _check_out(out, "speed")
     dirs: list[Path] = []
     for path in runs:
         dirs += [path] if (path / "run.json").is_file() else sorted(p for p in path.iterdir()
@@ -294,12 +294,16 @@ for _command in (dims, attention, speed):
     app.command(name=_command.__name__, help=unwrap(_command.__doc__))(handle_errors(_command))
 
 
-def _check_out(out: Path) -> None:
+def _check_out(out: Path, stem: str) -> None:
     """One clear line, before the work, for an --out folder that cannot be written or would
-    go with a prepared data folder (``masr.analyze.check_out_folder``)."""
+    go with a prepared data folder (``masr.analyze.check_out_folder``), or whose STEM.json or
+    STEM.png is a folder (QA: dims.json was written, then dims.png failed)."""
     from masr.analyze import check_out_folder
+    from masr.atomic import check_output_file
 
     check_out_folder(out)
+    for suffix in (".json", ".png"):
+        check_output_file(out / f"{stem}{suffix}", "--out")
 
 
 def _out_folder(out: Path) -> None:

@@ -161,3 +161,21 @@ def test_attention_bootstrap_has_an_upper_bound(trained: tuple[Path, Path], tmp_
         line = _fails(["analyze", "attention", "--data", str(data), "--runs", str(runs / "mass"),
                        "--out", str(tmp_path / "a"), "--cases", "3", "--bootstrap", n])
         assert f"--bootstrap {n}: must be 0 (no standard errors) or from 2 to 100,000" in line
+
+
+def test_an_output_file_that_is_a_folder_is_refused_before_anything_is_written(
+    trained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """QA: with dims.png a folder, dims.json was written and then the PNG failed; each
+    command's STEM.json and STEM.png are checked with --out, before the work."""
+    data, runs = trained
+    for stem, args in (("dims", ["dims", "--data", str(data), "--device", "cpu", "--model",
+                                 "mdr"]),
+                       ("attention", ["attention", "--data", str(data)]),
+                       ("speed", ["speed"])):
+        for suffix, other in ((".png", ".json"), (".json", ".png")):
+            out = tmp_path / f"{stem}{suffix}-a-folder"
+            (out / f"{stem}{suffix}").mkdir(parents=True)
+            _fails(["analyze", *args, "--runs", str(runs), "--out", str(out)],
+                   f"{out / (stem + suffix)}: is a directory")
+            assert not (out / f"{stem}{other}").exists()
