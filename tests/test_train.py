@@ -664,3 +664,30 @@ def test_cli_records_batch_by_only_when_playlist(tmp_path: Path) -> None:
 
     bad = runner.invoke(app, [*args, "--batch-by", "song"])
     assert bad.exit_code != 0 and "batch-by" in bad.output
+
+
+def test_training_values_a_run_does_not_read_do_not_retrain_it(
+    planted: PreparedData, tmp_path: Path
+) -> None:
+    """QA: --max-members (members: MASS reads them, MDR not) and --neg-mode (bpr only) under
+    softmax made every part train again, to identical losses; only the runs that read a
+    changed value are made again now, and --resume is not refused for them either."""
+    from masr.runs.registry import read_by_run, resumable, signature
+
+    softmax = {"loss": "softmax", "neg": 16, "select": "full", "valid_sample": 50}
+    base = RunOptions(train=TrainConfig(epochs=1, **softmax, **FAST), model={"dim": 8})
+    train_run("masr", planted, tmp_path, base)
+
+    def again(**train: object) -> dict[str, str]:
+        opts = replace(base, train=replace(base.train, **train))
+        return {o.run: o.action for o in train_run("masr", planted, tmp_path, opts)}
+
+    assert again(neg_mode="pairs") == {"mdr": "reused", "mass": "reused", "masr": "fused"}
+    assert again(max_members=3) == {"mdr": "reused", "mass": "trained", "masr": "fused"}
+    assert again(temperature=0.5) == {"mdr": "trained", "mass": "trained", "masr": "fused"}
+    # the stored signature stays whole; only comparisons drop what the run does not read
+    sig = signature("amdr", replace(base, train=replace(base.train, neg_mode="pairs")), "d")
+    assert sig["train"]["neg_mode"] == "pairs" and "neg_mode" not in read_by_run(sig)["train"]
+    assert "max_members" not in resumable(sig)["start"]["train"]
+    bpr = signature("mass", RunOptions(train=TrainConfig(loss="bpr")), "d")
+    assert "neg_mode" in read_by_run(bpr)["train"] and "temperature" not in resumable(bpr)["train"]

@@ -31,6 +31,7 @@ from masr.runs.registry import (
     differences,
     model_config,
     plan,
+    read_by_run,
     resumable,
     run_spec,
     same_signature,
@@ -358,7 +359,7 @@ def _build(
                               if command == "masr train" else ""))
         if info is not None and info.get("status") == "finished":
             # say so before a finished run (maybe hours of training) is overwritten
-            changed = differences(made, sig)
+            changed = differences(read_by_run(made), read_by_run(sig))
             why = f"other data or options ({', '.join(changed[:4])})" if changed else "asked for"
             log(f"{run}: replacing the finished run in {run_dir}: {why}")
         clear(run_dir)

@@ -182,14 +182,55 @@ def upgraded(old: Any, new: Any) -> Any:
 
 
 def same_signature(old: Any, new: dict[str, Any]) -> bool:
-    """True when a run made with signature ``old`` is the run ``new`` asks for (``upgraded``)."""
-    return upgraded(old, new) == new
+    """True when a run made with signature ``old`` is the run ``new`` asks for (``upgraded``),
+    the training values it does not read aside (``read_by_run``)."""
+    return read_by_run(upgraded(old, new)) == read_by_run(new)
+
+
+#: training values that only runs of member-reading models read (MASS, FISM, ...): MDR trained
+#: with --max-members 3 or 50 is the same run, to its last loss digit (QA)
+MEMBER_TRAIN_FIELDS = ("max_members", "member_dropout", "sort_window")
+
+
+def read_by_run(sig: Any) -> Any:
+    """A signature without the training values its run does not read, at every level: those of
+    the other training loss (``LOSS_OPTIONS``: --temperature without softmax, --neg-mode
+    without bpr) and ``MEMBER_TRAIN_FIELDS`` for models that read no members. A run made with
+    --neg-mode pairs under softmax is the run asked for with --neg-mode hardest, so it is
+    reused (and resumed) rather than trained again to identical losses. The signatures stored
+    stay whole: only comparisons read them through this."""
+    if not isinstance(sig, dict):
+        return sig
+    out = json.loads(json.dumps(sig))
+    _drop_unread(out)
+    return out
+
+
+def _drop_unread(sig: dict[str, Any]) -> None:
+    from masr.models import REGISTRY, model_class
+
+    train = sig.get("train")
+    if isinstance(train, dict):
+        loss = train.get("loss", "bpr")
+        for key, only in LOSS_OPTIONS.items():
+            if only != loss:
+                train.pop(key, None)
+        model = sig.get("model")
+        if model in REGISTRY and not model_class(str(model)).uses_members:
+            for key in MEMBER_TRAIN_FIELDS:
+                train.pop(key, None)
+    if isinstance(sig.get("start"), dict):
+        _drop_unread(sig["start"])
+    for part in sig.get("parts", []) if isinstance(sig.get("parts"), list) else []:
+        if isinstance(part, dict):
+            _drop_unread(part)
 
 
 def resumable(sig: dict[str, Any]) -> dict[str, Any]:
-    """A signature without what --resume may change (epochs, patience, time limit), at every
-    level: an APR run's ``start`` and a fusion's ``parts`` are signatures of their own."""
-    out = json.loads(json.dumps(sig))
+    """A signature without what --resume may change (epochs, patience, time limit) and what
+    its run does not read (``read_by_run``), at every level: an APR run's ``start`` and a
+    fusion's ``parts`` are signatures of their own."""
+    out = read_by_run(sig)
     _drop_resumable(out)
     return out
 
