@@ -134,7 +134,13 @@ def command(
 
     Example: masr score examples/playlists.csv > recs.csv
     """
-    from masr.score import check_model_path, input_columns, score_file
+    from masr.score import (
+        check_candidates,
+        check_model_path,
+        export_metadata,
+        input_columns,
+        score_file,
+    )
 
     config = ScoreConfig(
         k=k,
@@ -149,7 +155,10 @@ def command(
     config.validate()
     # each id column as named, else as in the model's training data (its export's metadata)
     given = {"user": user_col, "playlist": playlist_col, "track": track_col}
-    columns = input_columns(check_model_path(model), given, log_line)
+    path = check_model_path(model)
+    meta = export_metadata(path)
+    check_candidates(meta, config, path)  # before the columns' line: a refusal stands alone
+    columns = input_columns(path, given, log_line, metadata=meta)
     config = replace(config, columns=columns)
     summary = score_file(input, model, out, config, log=log_line)  # `-` or a pipe: spooled
     console.print(summary.line(), highlight=False, soft_wrap=True)

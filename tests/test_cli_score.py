@@ -712,6 +712,17 @@ def test_export_out_inside_a_run_folder_is_refused(tmp_path: Path, runs: Path) -
     (runs / "mdr" / ".best.pt.abcd1234.tmp").unlink()
 
 
+def test_score_out_never_names_a_runs_own_file(tmp_path: Path, runs: Path, model: Path) -> None:
+    """Review: --out runs/mdr/best.pt would have replaced the checkpoint with the CSV."""
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    before = (runs / "mdr" / "best.pt").read_bytes()
+    out = runs / "mdr" / "best.pt"
+    result = runner.invoke(app, ["score", str(src), "--model", str(model), "--out", str(out)])
+    assert result.exit_code == 1 and f"--out {out}: a file of the run folder" in result.stderr
+    assert (runs / "mdr" / "best.pt").read_bytes() == before
+
+
 def test_export_replaces_an_earlier_export_only(tmp_path: Path, runs: Path) -> None:
     """--out naming an existing file that is not a masr export (QA fuzz: a text file became
     an ONNX model in silence) is refused and left as it was; an earlier export is replaced."""

@@ -438,6 +438,10 @@ def test_options_no_run_reads_are_said_not_dropped_silently(tmp_path: Path) -> N
     assert unused_options("mdr", {"temperature", "neg_mode"}, "bpr") == ["temperature"]
     assert unused_options("amasr", {"temperature", "neg_mode"}, "softmax") == ["neg_mode"]
     assert unused_options("pop", {"temperature"}, "softmax") == ["temperature"]
+    # member lists: only trained models that read them (MASS, FISM ...), as read_by_run
+    member = {"max_members", "member_dropout"}
+    assert unused_options("mdr", member) == ["max_members", "member_dropout"]
+    assert unused_options("amasr", member) == [] and unused_options("fism", member) == []
     data = write_planted(tmp_path / "data")
     base = ["--data", str(data), "--runs", str(tmp_path / "runs"), "--threads", "1"]
     said = _ok(["train", "--model", "pop", *base, "--loss", "softmax"])
@@ -517,6 +521,8 @@ def test_evaluate_never_writes_over_a_runs_own_files(tmp_path: Path) -> None:
     assert {n: (runs / "pop" / n).read_bytes() for n in before} == before
     _ok(["evaluate", *base, "--json", str(runs / "pop" / "metrics.json")])
     assert "pop" in json.loads((runs / "pop" / "metrics.json").read_text())
+    for _ in range(2):  # review: a run.json of one's own is no run folder, the 2nd time too
+        _ok(["evaluate", *base, "--json", str(tmp_path / "results" / "run.json")])
     if Path("/proc").is_dir():  # QA: where nothing can be made, said after the evaluation
         for option, name in (("--json", "/proc/x.json"), ("--plot", "/proc/x.png")):
             said = _fails(["evaluate", *base, option, name],

@@ -491,3 +491,10 @@ def test_a_model_loaded_without_data_is_not_evaluated_on_other_data(
     other = dataclasses.replace(data, manifest={**data.manifest, "fingerprint": "0123456789abcdef"})
     with pytest.raises(MasrError, match="^mdr: trained on other prepared data .*0123456789abcdef"):
         evaluate_model(model, other)
+    # the same from masr.checkpoint.load_model, the lower-level path (review)
+    from masr.checkpoint import load_model
+
+    bare, _ = load_model(runs / "mdr" / "best.pt")
+    assert bare.data_fingerprint == data.fingerprint
+    with pytest.raises(MasrError, match="^mdr: trained on other prepared data"):
+        evaluate_model(bare, other)

@@ -514,6 +514,13 @@ def test_input_columns_default_to_the_training_datas(tmp_path: Path, exported: P
     assert summary.playlists == 1 and read_out(tmp_path / "o.csv").height == 3
     with pytest.raises(MasrError, match="missing columns 'user_id'.*--user-col"):
         score_file(tmp_path / "in.csv", model, None, ScoreConfig(k=3, columns=Columns()))
+    # an option the export cannot serve is refused before the columns' line (review: that
+    # line came first for an export with other names, the MPD case)
+    said.clear()
+    with pytest.raises(MasrError, match="is an exact export"):
+        score_file(tmp_path / "in.csv", model, None, ScoreConfig(k=3, candidates=5),
+                   log=said.append)
+    assert said == []
 
 
 def test_read_metadata_props_reads_what_onnx_reads_without_the_graph(

@@ -144,7 +144,8 @@ def test_sizes_past_the_generator_are_one_line() -> None:
         ({"users": "5"}, "--users '5': is not an integer"),
         ({"seed": -1}, "--seed must be in [0, 2^63 - 1] (got -1)"),
         ({"seed": 1.5}, "--seed 1.5: is not an integer"),
-        ({"favourite_artists": 0}, "favourite_artists must be at least 1 (got 0)"),
+        ({"favourite_artists": 0}, "favourite_artists must be at least 1 with share_favourite"),
+        ({"favourite_artists": -1, "share_favourite": 0.0}, "favourite_artists must be at least"),
         ({"draws_per_song": 0}, "draws_per_song must be at least 1 (got 0)"),
         ({"songs_per_artist": 0.0}, "songs_per_artist must be positive (got 0)"),
         ({"playlists_per_user": float("nan")}, "playlists_per_user nan: must be a finite number"),
@@ -159,6 +160,13 @@ def test_library_settings_are_checked_before_numpy_sees_them(kwargs: dict, messa
 
     with pytest.raises(MasrError, match=f"^{re.escape(message)}"):
         synthesize(SynthConfig(**{"users": 20, **kwargs}))
+
+
+def test_no_favourite_artists_is_fine_when_none_is_drawn() -> None:
+    """Review: favourite_artists=0 generated a table with share_favourite=0 before the checks
+    came, and still does."""
+    table = synthesize(SynthConfig(users=20, favourite_artists=0, share_favourite=0.0))
+    assert table.height > 0
 
 
 def test_a_dict_for_the_config_is_one_line(tmp_path) -> None:

@@ -234,8 +234,7 @@ def attention_correlation(
     from masr.runs.store import load_run
 
     _check_cases(split, max_cases)
-    if isinstance(run_dirs, str | Path):  # one run, not its path's letters
-        run_dirs = [run_dirs]
+    run_dirs = as_list(run_dirs, (str, Path))  # one run, not its path's letters
     say = log or (lambda _msg: None)
     models: list[tuple[Path, Recommender]] = []
     seen: set[Path] = set()

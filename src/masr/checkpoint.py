@@ -88,6 +88,7 @@ def build_model(ckpt: dict[str, Any], device: torch.device | str = "cpu") -> Rec
     config = cls.config_class(**ckpt["config"])
     model = cls(config, **ckpt["sizes"])
     model.load_state_dict(ckpt["state_dict"])
+    model.data_fingerprint = ckpt.get("data_fingerprint")
     return model.to(device).eval()
 
 

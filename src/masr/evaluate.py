@@ -403,8 +403,8 @@ def evaluate_model_and(
             f"{data.path} ({sizes}); evaluate it on the prepared data it was trained on"
         )
     # of the same size but other data (a re-split of the same playlists: its test songs were
-    # training songs), told by the fingerprint masr.runs.load_run keeps on its models
-    trained_on = getattr(model, "data_fingerprint", None)
+    # training songs), told by the fingerprint a model rebuilt from its checkpoint keeps
+    trained_on = getattr(model, "data_fingerprint", None)  # any scorer, not only ours
     if trained_on is not None and trained_on != data.fingerprint:
         raise MasrError(
             f"{model.name}: trained on other prepared data (fingerprint {trained_on}, "

@@ -411,7 +411,7 @@ def _prepare(
     synth_users: int | None,
     log: Log | None,
 ) -> PrepResult:
-    config = config or PrepConfig()
+    config = PrepConfig() if config is None else config
     config.validate()
     columns = columns or Columns()
     say = log or (lambda _msg: None)

@@ -107,11 +107,8 @@ def evaluate_runs(
         if damage is not None:
             raise MasrError(f"{path}: damaged ({damage}); train {run} again, or leave it out")
     fusions = [r for r in wanted if r in RUNS and RUNS[r].procedure == "fuse"]
-    if candidates and set(wanted) - set(fusions) and "mdr" not in available_runs(runs_dir):
-        raise MasrError(  # before any work (QA: said after the other runs' evaluation)
-            f"--candidates: MDR proposes the candidates, but {runs_dir} has no `mdr` run; "
-            f"train it with `masr train --model mdr --runs {runs_dir}`"
-        )
+    if candidates and set(wanted) - set(fusions):  # before any work (QA: said after the
+        _check_proposer(runs_dir)  # other runs' evaluation)
     if alphas and not fusions:
         log(f"note: --alpha re-weighs fusion runs (masr, amasr); none among {', '.join(wanted)}")
     dev = resolve_device(device)
@@ -211,16 +208,21 @@ def _same_weights(a: Any, b: Any) -> bool:
 
 
 
+def _check_proposer(runs_dir: Path) -> None:
+    """One line when ``runs_dir`` has no ``mdr`` run to propose a non-fusion's candidates."""
+    if "mdr" not in available_runs(runs_dir):
+        raise MasrError(
+            f"--candidates: MDR proposes the candidates, but {runs_dir} has no `mdr` run; "
+            f"train it with `masr train --model mdr --runs {runs_dir}`"
+        )
+
+
 def _proposer(model: Any, runs_dir: Path, data: PreparedData, dev: Any, shared: list) -> Any:
     """The MDR that proposes candidates for ``model``: its own part when it is a fusion."""
     if hasattr(model, "parts"):
         return model.parts()[0]
     if not shared:
-        if "mdr" not in available_runs(runs_dir):
-            raise MasrError(
-                f"--candidates: MDR proposes the candidates, but {runs_dir} has no `mdr` run; "
-                f"train it with `masr train --model mdr --runs {runs_dir}`"
-            )
+        _check_proposer(runs_dir)
         shared.append(load_run(runs_dir, "mdr", data, dev)[0].eval())
     return shared[0]
 

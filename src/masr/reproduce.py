@@ -46,7 +46,7 @@ from masr.config import (
     RunOptions,
     TrainConfig,
 )
-from masr.errors import check_instance
+from masr.errors import MasrError, check_instance
 from masr.runs.registry import (
     ABLATIONS,
     EXTRA_BASELINES,
@@ -80,7 +80,7 @@ def reproduce(
 ) -> ReproduceResult:
     """Train and evaluate what Tables 2-4 and Figures 4-7 need; see the module docstring."""
     say = log or (lambda _msg: None)
-    config = config or ReproduceConfig()
+    config = ReproduceConfig() if config is None else config
     check_instance(config, ReproduceConfig, "reproduce(config=...)")  # a dict: one line
     try:
         return _reproduce(data_dir, out, config, say)
@@ -98,7 +98,6 @@ def _reproduce(
     data, out = load_prepared(data_dir), Path(out)
     from masr.atomic import check_output_dir, check_parents
     from masr.dataset import check_outside_prepared
-    from masr.errors import MasrError
 
     check_outside_prepared(out, "--out")  # the --data folder, or any other prep folder
     check_output_dir(out, "--out", "reproduce writes a folder (runs, tables, plots)")

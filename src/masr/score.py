@@ -765,17 +765,18 @@ def score_file(
     aside, renamed when complete) or to stdout. Returns the counts of the summary line.
     ``config.engine == "ray"``: the same rows from Ray actors (``masr.score_ray.score_ray``),
     also as Parquet parts in the directory ``out`` (``config.out_format``)."""
-    config = config or ScoreConfig()
+    config = ScoreConfig() if config is None else config
     check_instance(config, ScoreConfig, "score_file(config=...)")  # a dict: one line
     config.validate()
     say = log or (lambda _msg: None)
     if out is not None and str(out) == "-":  # stdout, as `masr score --out -` reads it
         out = None
-    if config.columns is None:
-        # the input's column names come from the export's metadata: the model first
-        config = replace(config, columns=input_columns(check_model_path(model), say=say))
-    # options the export cannot serve: refused before the input is read or the model loaded
-    check_candidates(_export_metadata(check_model_path(model)), config, model)
+    # the export's metadata, read once without the graph: options it cannot serve are refused
+    # before anything is said, the input read or the model loaded
+    meta = export_metadata(check_model_path(model))
+    check_candidates(meta, config, model)
+    if config.columns is None:  # the input's column names come from the same metadata
+        config = replace(config, columns=input_columns(model, say=say, metadata=meta))
     if str(input) == "-" or _is_pipe(Path(input)):
         return _score_spooled(input, model, out, config, say)
     if config.engine == "ray":  # Ray is imported there, never on this engine's path
@@ -878,18 +879,20 @@ def input_columns(
     model: str | Path,
     given: dict[str, str | None] | None = None,
     say: Callable[[str], None] | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Columns:
     """The id columns to read a playlists file with: each name in ``given`` (``--user-col``
     ...) when not None, else the one of the data the model was trained on (``masr prep``'s
     columns, which ``masr export`` records in its metadata), else the default name
-    (``user_id``, ``playlist_id``, ``track_id``). The metadata is ``_export_metadata``'s (the
+    (``user_id``, ``playlist_id``, ``track_id``). The metadata is ``export_metadata``'s (the
     JSON file next to the model when it is this export's, else the model's own entries); an
     unreadable file or model, or another export's JSON file, is one error line here, before
-    the input is read with the wrong names."""
+    the input is read with the wrong names. ``metadata``: that metadata, read already."""
     given = {k: v for k, v in (given or {}).items() if v is not None}
     recorded: dict[str, str] = {}
     if len(given) < 3:
-        data = _export_metadata(Path(model)).get("data")
+        meta = export_metadata(Path(model)) if metadata is None else metadata
+        data = meta.get("data")
         columns = data.get("columns") if isinstance(data, dict) else None
         if isinstance(columns, dict):
             recorded = {
@@ -906,7 +909,7 @@ def input_columns(
     return Columns(**{**defaults, **from_export, **given})
 
 
-def _export_metadata(model: Path) -> dict[str, Any]:
+def export_metadata(model: Path) -> dict[str, Any]:
     """A masr export's metadata: its JSON file when it belongs to the model (the same
     ``export_id``), else the model's own metadata entries (the same keys, each value JSON),
     read without loading the graph (``read_metadata``). One error line for an unreadable
@@ -967,7 +970,10 @@ def check_paths(
                 f"--out {out}: holds other files than Parquet parts; give a new directory"
             )
     elif out is not None:
+        from masr.runs.store import check_not_run_file  # torch-free
+
         check_output_file(out, "--out")  # a directory, or a path below a file
+        check_not_run_file(out, "--out")  # runs/mdr/best.pt: a checkpoint lost to the CSV
         # the output is written aside and renamed over its path: what it names would be lost
         model_files = [] if model is None else [
             Path(model), *sidecars(model)
@@ -996,7 +1002,7 @@ def _chunk_hint(model: ExportedModel, say: Callable[[str], None]) -> None:
 
 
 def check_candidates(metadata: dict[str, Any], config: ScoreConfig, path: str | Path) -> None:
-    """``--candidates`` and ``--k`` against an export's ``metadata`` (``_export_metadata``),
+    """``--candidates`` and ``--k`` against an export's ``metadata`` (``export_metadata``),
     before its sessions are opened (at MPD size, gigabytes of weights): an exact export has
     no first stage to size, and a two-stage one proposes N songs per playlist, so --k above
     N is refused; one line naming the option to change. Nothing to check without metadata

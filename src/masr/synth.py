@@ -142,9 +142,14 @@ class SynthConfig:
             raise MasrError(f"songs_per_user must be >= 0 (got {self.songs_per_user:g})")
         if self.songs_per_artist <= 0:
             raise MasrError(f"songs_per_artist must be positive (got {self.songs_per_artist:g})")
-        for name in ("favourite_artists", "draws_per_song"):
-            if getattr(self, name) < 1:
-                raise MasrError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.draws_per_song < 1:
+            raise MasrError(f"draws_per_song must be at least 1 (got {self.draws_per_song})")
+        # none is fine when no song is drawn from favourites (share_favourite 0)
+        if self.favourite_artists < (1 if self.share_favourite > 0 else 0):
+            raise MasrError(
+                f"favourite_artists must be at least 1 with share_favourite > 0, and never "
+                f"negative (got {self.favourite_artists})"
+            )
         shares = self.share_favourite + self.share_focus + self.share_noise
         if min(self.share_favourite, self.share_focus, self.share_noise) < 0 or shares > 1:
             raise MasrError("song source shares must be non-negative and sum to at most 1")
@@ -473,7 +478,7 @@ def iter_synthesize(cfg: SynthConfig, chunk_users: int = 50_000) -> Iterator[pl.
 
 def synthesize(cfg: SynthConfig | None = None) -> pl.DataFrame:
     """The whole synthetic table (see the module docstring) as one DataFrame."""
-    return pl.concat(list(iter_synthesize(cfg or SynthConfig())))
+    return pl.concat(list(iter_synthesize(SynthConfig() if cfg is None else cfg)))
 
 
 #: Expected rows up to which a Parquet file is written in one piece (as it always was, so the
@@ -497,7 +502,7 @@ def write_synthetic(
     Memory stays bounded at any size: chunks of about :data:`CHUNK_ROWS` rows are generated
     and written one at a time (for Parquet, as part files merged by Polars' streaming sink).
     """
-    cfg = cfg or SynthConfig()
+    cfg = SynthConfig() if cfg is None else cfg
     check_instance(cfg, SynthConfig, "cfg")  # a dict: one line, not an AttributeError
     cfg.validate()
     if str(path) == "-":  # CSV on stdout

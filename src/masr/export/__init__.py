@@ -150,7 +150,7 @@ def export_model(
     """Export the runs' MDR/MASS parts to ``out`` plus its metadata JSON and id maps.
 
     Every file is written aside and renamed; parent folders are created."""
-    config = config or ExportConfig()
+    config = ExportConfig() if config is None else config
     check_instance(config, ExportConfig, "export_model(config=...)")  # a dict: one line
     config.validate()
     say = log or (lambda _msg: None)

@@ -92,6 +92,10 @@ class Recommender(nn.Module):
     uses_members: ClassVar[bool] = False
     #: Training objective: "bpr" (eq. 21) or "hinge" (CML's margin loss, with ``margin`` in config).
     loss: ClassVar[str] = "bpr"
+    #: the fingerprint of the prepared data the weights were trained on, for a model rebuilt
+    #: from a checkpoint (``masr.checkpoint.build_model``); ``evaluate_model`` refuses other
+    #: data with it. None: not known (a model built in this process).
+    data_fingerprint: str | None = None
 
     def __init__(self, config: ModelConfig, n_users: int, n_playlists: int, n_songs: int):
         super().__init__()

@@ -101,7 +101,7 @@ def train_run(
     from masr.dataset import check_prepared
 
     check_prepared(data)
-    options = options or RunOptions()  # checked when made (masr.config)
+    options = RunOptions() if options is None else options  # checked when made (masr.config)
     check_instance(options, RunOptions, "train_run(options=...)")  # a dict: one line
     check_model_overrides(options.model)
     check_runs_dir(runs_dir, data)

@@ -343,7 +343,8 @@ def unused_options(name: str, given: set[str], loss: str | None = None) -> list[
     """The options in ``given`` (``OPTION_PATHS`` names set on the command line) that no run of
     ``name``'s plan reads: training options for closed-form models (pop, itemknn, ease, als),
     APR's without an APR run, --entity for models without one, --dim for models without a
-    size, --alpha without a fusion, and with the training ``loss`` known, --temperature
+    size, --alpha without a fusion, --max-members and --member-dropout without a trained model
+    that reads members, and with the training ``loss`` known, --temperature
     without softmax and --neg-mode without bpr. ``masr train`` says them on stderr rather
     than ignoring them silently."""
     from masr.models import model_class
@@ -357,6 +358,10 @@ def unused_options(name: str, given: set[str], loss: str | None = None) -> list[
         if option in TRAINING_OPTIONS and not trained:
             unused.append(option)
         elif option in APR_OPTIONS and not any(s.procedure == "apr" for s in runs):
+            unused.append(option)
+        elif option in MEMBER_TRAIN_FIELDS and not any(
+            cls.trainable and cls.uses_members for cls in classes
+        ):  # no trained run reads member lists (read_by_run leaves them out too)
             unused.append(option)
         elif option in ("entity", "dim") and not any(option in f for f in fields_of):
             unused.append(option)

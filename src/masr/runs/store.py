@@ -123,13 +123,17 @@ RUN_FILES = ("best.pt", "last.pt", "run.json")
 def check_not_run_file(path: str | Path, option: str) -> None:
     """Refuse (MasrError) an output file that is one of a run folder's own files (QA:
     ``masr evaluate --json runs/mdr/best.pt`` replaced the checkpoint it had just read). A
-    folder with any of ``RUN_FILES`` is a run folder; other names in it are left alone."""
+    folder with another of ``RUN_FILES`` is a run folder (the file itself, e.g. a run.json an
+    earlier ``--json`` wrote, does not make one); other names in it are left alone."""
     target = Path(path).resolve()
-    if target.name in RUN_FILES and any((target.parent / n).is_file() for n in RUN_FILES):
+    others = [n for n in RUN_FILES if n != target.name]
+    if target.name in RUN_FILES and any((target.parent / n).is_file() for n in others):
         raise MasrError(
             f"{option} {path}: a file of the run folder {target.parent}, which `masr train` "
             "writes; choose another name"
         )
+
+
 #: run.json statuses of a run that did not finish: its best.pt is the best epoch so far
 UNFINISHED = ("running", "interrupted", "failed")
 
@@ -271,10 +275,7 @@ def load_run(
             f"--model {name}: no trained run at {path}"
             + (f" (trained: {', '.join(have)})" if have else f"; run `masr train --model {name}`")
         )
-    model, ckpt = load_model(path, device)
-    # loaded without data, then evaluated on a re-split of the same playlists (prep --seed),
-    # sized the same: its test songs were training songs (QA: figures, not an error)
-    model.data_fingerprint = ckpt.get("data_fingerprint")
+    model, ckpt = load_model(path, device)  # with its data_fingerprint (build_model)
     if warn is not None:
         for note in run_warnings(path.parent):
             warn(note)
