@@ -299,11 +299,15 @@ def _check_out(out: Path, stem: str) -> None:
     go with a prepared data folder (``masr.analyze.check_out_folder``), or whose STEM.json or
     STEM.png is a folder (QA: dims.json was written, then dims.png failed)."""
     from masr.analyze import check_out_folder
-    from masr.atomic import check_output_file
+    from masr.errors import MasrError
 
     check_out_folder(out)
-    for suffix in (".json", ".png"):
-        check_output_file(out / f"{stem}{suffix}", "--out")
+    for name in (f"{stem}.json", f"{stem}.png"):
+        if (out / name).is_dir():
+            raise MasrError(
+                f"--out {out}: its {name} is a folder, where this command writes a file; "
+                "remove it or choose another --out"
+            )
 
 
 def _out_folder(out: Path) -> None:

@@ -177,5 +177,5 @@ def test_an_output_file_that_is_a_folder_is_refused_before_anything_is_written(
             out = tmp_path / f"{stem}{suffix}-a-folder"
             (out / f"{stem}{suffix}").mkdir(parents=True)
             _fails(["analyze", *args, "--runs", str(runs), "--out", str(out)],
-                   f"{out / (stem + suffix)}: is a directory")
+                   f"--out {out}: its {stem}{suffix} is a folder")
             assert not (out / f"{stem}{other}").exists()
