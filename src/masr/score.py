@@ -481,7 +481,7 @@ def _first_pass(lf: pl.LazyFrame, path: Path, read_rows: int) -> bool:
             if again.any():
                 adjacent = False
                 continue
-            done = np.union1d(done, hashes)
+            done = _with(done, hashes)
             last = tail
     except Exception as exc:  # polars raises several error types for malformed files
         raise unreadable(path, exc, "unreadable or malformed file") from None
@@ -539,11 +539,23 @@ def _complete_playlists(batches: Iterable[pl.DataFrame], path: Path) -> Iterator
 
 
 def _seen(ids: pl.Series, done: np.ndarray) -> tuple[pl.Series, np.ndarray, np.ndarray]:
-    """The distinct playlist ``ids``, their hashes, and which of them ``done`` (hashes of the
-    playlists met before) already holds."""
+    """The distinct playlist ``ids``, their hashes, and which of them ``done`` (the sorted
+    hashes of the playlists met before, ``_with``) already holds: a binary search per id, so a
+    chunk costs its own size, not the whole input's (QA: ``np.isin`` and ``np.union1d`` over
+    every playlist met so far at each chunk took 14 of 47 s on 400,000 playlists)."""
     distinct = ids.unique()
     hashes = distinct.hash(seed=0).to_numpy()
-    return distinct, hashes, np.isin(hashes, done)
+    if not len(done):
+        return distinct, hashes, np.zeros(len(hashes), dtype=bool)
+    at = np.minimum(np.searchsorted(done, hashes), len(done) - 1)
+    return distinct, hashes, done[at] == hashes
+
+
+def _with(done: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    """The sorted hashes ``done`` with ``hashes`` added, still sorted (``_seen`` searches them):
+    one insertion (a copy), not a sort or a set union of everything met so far."""
+    new = np.sort(hashes)
+    return np.insert(done, np.searchsorted(done, new), new)
 
 
 def _check_new(frame: pl.DataFrame, done: np.ndarray, path: Path) -> np.ndarray:
@@ -554,7 +566,7 @@ def _check_new(frame: pl.DataFrame, done: np.ndarray, path: Path) -> np.ndarray:
             f"{path}: the rows of playlist {pid!r} are not adjacent; group the input by "
             "playlist (e.g. sort it by the playlist column) to score it in chunks"
         )
-    return np.union1d(done, hashes)
+    return _with(done, hashes)
 
 
 # -- scoring --------------------------------------------------------------------------------------
