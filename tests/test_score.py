@@ -427,6 +427,32 @@ def test_a_known_playlist_without_a_user_keeps_its_training_user(
     assert out.filter(pl.col("playlist_id") == "p0").height == 5
 
 
+@pytest.mark.parametrize("blank", ['""', '"  "', "  "])
+def test_blank_ids_are_missing_ones_as_empty_fields_are(
+    tmp_path: Path, exported: Path, blank: str
+) -> None:
+    """A blank id, quoted as a database's CSV writes an empty string, reads as an empty field:
+    a blank user keeps a training playlist its user, a blank track is a row without a track
+    (not an unknown song), a blank playlist id is the error an empty one is (QA: a playlist ""
+    was scored, a user "" made p0 a new user's)."""
+    header = "user_id,playlist_id,track_id\n"
+    empty = tmp_path / "empty.csv"
+    empty.write_text(header + ",p0,s1\nu0,p0,\n")
+    quoted = tmp_path / "quoted.csv"
+    quoted.write_text(header + f"{blank},p0,s1\nu0,p0,{blank}\n")
+    config = ScoreConfig(k=3)
+    want = score_file(empty, exported, tmp_path / "e.csv", config)
+    got = score_file(quoted, exported, tmp_path / "q.csv", config)
+    counts = [(s.new_user_playlists, s.unknown_song_rows, s.trackless_rows) for s in (want, got)]
+    assert counts == [(0, 0, 1)] * 2
+    assert (tmp_path / "q.csv").read_text() == (tmp_path / "e.csv").read_text()
+    nameless = tmp_path / "nameless.csv"
+    nameless.write_text(header + f"u0,{blank},s1\n")
+    with pytest.raises(MasrError, match="1 row\\(s\\) have an empty playlist id"):
+        score_file(nameless, exported, tmp_path / "n.csv", config)
+    assert not (tmp_path / "n.csv").exists()
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(-1, 6), st.integers(0, 20)), min_size=1, max_size=120),

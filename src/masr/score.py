@@ -425,6 +425,12 @@ def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
         raise unreadable(path, exc, "unreadable file") from None
     lf, schema = one_row_per_song(lf, schema, path, columns.as_dict())
     lf = lf.select(id_columns(path, schema, columns.as_dict()))
+    # a blank id ("" or spaces, quoted as a database's CSV writes an empty string) is a missing
+    # one, as an empty field is (QA: `u,"",t` scored a playlist with the id "", a user "" made a
+    # training playlist a new user's, a track "" counted as an unknown song)
+    lf = lf.with_columns(
+        pl.when(pl.col(c) != "").then(pl.col(c)).alias(c) for c in ("user", "playlist", "track")
+    )
     try:
         empty = lf.head(1).collect().height == 0
     except Exception as exc:  # polars raises several error types for malformed files
