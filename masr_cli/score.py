@@ -18,6 +18,7 @@ NAME = "score"
 
 Engine = choices("Engine", SCORE_ENGINES)
 Format = choices("Format", SCORE_FORMATS)
+_S = ScoreConfig()
 
 
 def command(
@@ -87,6 +88,15 @@ def command(
             show_default=False,
         ),
     ] = None,
+    read_rows: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            help="Input rows read and scored at a time: memory holds about one such chunk "
+            "(with its playlists' recommendations) when each playlist's rows are adjacent; "
+            "lower it for a deep --k on a small machine.",
+        ),
+    ] = _S.read_rows,
     candidates: Annotated[
         int | None,
         typer.Option(
@@ -148,6 +158,7 @@ def command(
         device=device.value,
         candidates=candidates,
         workers=workers,
+        read_rows=read_rows,
         engine=engine.value,
         out_format=out_format.value,
         columns=None,

@@ -449,6 +449,21 @@ def test_two_stage_export_and_score_round_trip(tmp_path: Path, runs: Path, model
     assert "--candidates" in runner.invoke(app, ["export", "--help"]).stdout
 
 
+def test_read_rows_option_chunks_the_input_with_the_same_output(
+    tmp_path: Path, model: Path
+) -> None:
+    """--read-rows N (ScoreConfig.read_rows, which only Python could set): the same CSV in
+    chunks of N rows; 0 is one error line."""
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS)
+    whole = runner.invoke(app, ["score", str(src), "--model", str(model)])
+    chunked = runner.invoke(app, ["score", str(src), "--model", str(model), "--read-rows", "2"])
+    assert whole.exit_code == chunked.exit_code == 0, chunked.stderr
+    assert chunked.stdout == whole.stdout and chunked.stdout.count("\n") > 1
+    bad = runner.invoke(app, ["score", str(src), "--model", str(model), "--read-rows", "0"])
+    assert bad.exit_code == 1 and "--read-rows 0: must be >= 1" in bad.stderr
+
+
 def test_out_dash_is_stdout_and_short_playlists_count_against_k(
     tmp_path: Path, model: Path
 ) -> None:

@@ -684,7 +684,7 @@ class ScoreConfig:
         if self.device not in DEVICES:
             raise MasrError(f"--device {self.device}: choose one of {_list(DEVICES)}")
         if self.read_rows < 1:
-            raise MasrError(f"read_rows {self.read_rows}: must be >= 1")
+            raise MasrError(f"--read-rows {self.read_rows}: must be >= 1")
         if self.workers is not None and not 1 <= self.workers <= MAX_THREADS:
             raise MasrError(f"--workers {self.workers}: must be >= 1 and at most {MAX_THREADS:,}")
         if self.candidates is not None and self.candidates < 1:

@@ -8,8 +8,9 @@ ONNX graph and writes, for each playlist in input order, K rows
 ``playlist_id,rank,track_id,score`` (rank 1 best, score = negated fused distance, higher is
 better). Member songs are never recommended (the graph excludes them).
 
-Streaming: memory holds the model, one read chunk and the batches in flight, whatever the input
-size, when each playlist's rows are adjacent (as a file sorted or grouped by playlist has them)
+Streaming: memory holds the model, one read chunk and the batches in flight (and polars'
+reader buffers, which grow slowly with the input: exported/README.md), when each playlist's rows
+are adjacent (as a file sorted or grouped by playlist has them)
 or the input is one read chunk (``read_rows``). An input larger than that whose playlists'
 rows are scattered is regrouped in memory first (said in the summary line).
 
