@@ -136,6 +136,28 @@ def test_ray_errors_are_one_line(tmp_path: Path, exported: Path) -> None:
     assert onnx_is_whole(exported)
 
 
+def test_an_input_refused_by_the_first_pass_starts_no_cluster(
+    tmp_path: Path, exported: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row with a blank playlist id (``u,"",t``) is one error line before Ray starts or
+    joins a cluster (QA: the line came after a local cluster was started, 7 s later)."""
+    pytest.importorskip("ray.data")
+    import masr.score_ray
+
+    def no_cluster(ray):
+        raise AssertionError("a Ray cluster was started for an input refused at once")
+
+    monkeypatch.setattr(masr.score_ray, "_cluster", no_cluster)
+    src = tmp_path / "in.csv"
+    src.write_text('user_id,playlist_id,track_id\nu0,p0,s0\nu0,"",s1\nu1,"  ",s2\n')
+    for extra in ([], ["--format", "parquet", "--out", str(tmp_path / "parts")]):
+        args = ["score", str(src), "--model", str(exported), "--engine", "ray", *extra]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1 and result.stdout == "", result.stderr
+        assert result.stderr == f"masr: error: {src}: 2 row(s) have an empty playlist id\n"
+    assert not (tmp_path / "parts").exists()
+
+
 def onnx_is_whole(path: Path) -> bool:
     import onnx
 

@@ -235,16 +235,16 @@ def score_ray(
     _two_stage(driver, config, model, say)
     k = min(config.k, driver.n_songs)
     csv = config.out_format == "csv"
+    summary = ScoreSummary(fallback=fallback_of(driver.metadata))
+    # the first pass over the input (_first_pass: a row without a playlist id, a file that
+    # cannot be read to its end) is one error line before a cluster is started or joined
+    chunks = _playlist_chunks(lf, input, config.read_rows, summary)
     with _cluster(ray) as resources:
         actors, on_gpu = _actors(config, resources)
-        summary = ScoreSummary(
-            provider="cuda" if on_gpu else "cpu",
-            actors=actors,
-            fallback=fallback_of(driver.metadata),
-        )
+        summary.provider, summary.actors = "cuda" if on_gpu else "cpu", actors
         per_call = config.batch_size or (512 if on_gpu else 16)  # the local engine's
         blocks, ends = [], []  # object refs; the order after each read chunk's last playlist
-        for frame in _playlist_chunks(lf, input, config.read_rows, summary):
+        for frame in chunks:
             prepared = _prepare(frame, driver, summary)
             lengths = np.array([len(m) for m in prepared.members], dtype=np.int64)
             # fewer than K rows exactly where fewer than K non-members are left: the graph
