@@ -480,8 +480,16 @@ def test_an_interrupted_run_is_marked_and_readers_say_so(tmp_path: Path, monkeyp
     assert info["status"] == "interrupted" and len(info["history"]) == 1
     said = _ok(["evaluate", "--data", str(data), "--runs", str(runs), "--threads", "1"])
     assert "mdr is not finished (interrupted, after 1 epoch(s))" in said.stderr
+    import shutil
+
+    # "--resume would have continued it" only where it would have (QA: said after a changed
+    # value the run reads, which --resume refuses)
+    other = tmp_path / "other"
+    shutil.copytree(runs, other)
+    changed = _ok([*base, "--runs", str(other), "--lr", "0.5"])
+    assert "starting again" in changed.stderr and "would have" not in changed.stderr
     again = _ok(base)
-    assert "starting again" in again.stderr
+    assert "starting again" in again.stderr and "--resume would have continued it" in again.stderr
     done = _ok(["evaluate", "--data", str(data), "--runs", str(runs), "--threads", "1"])
     assert "not finished" not in done.stderr
 

@@ -691,3 +691,27 @@ def test_training_values_a_run_does_not_read_do_not_retrain_it(
     assert "max_members" not in resumable(sig)["start"]["train"]
     bpr = signature("mass", RunOptions(train=TrainConfig(loss="bpr")), "d")
     assert "neg_mode" in read_by_run(bpr)["train"] and "temperature" not in resumable(bpr)["train"]
+
+
+def test_the_differences_said_are_the_recorded_values_that_count() -> None:
+    """QA: a run made under softmax and asked for under bpr was "replaced: train.loss softmax
+    -> bpr, train.neg_mode None -> hardest, train.temperature 0.1 -> None" (values read_by_run
+    left out, not the ones recorded); NeuMF's and the fusions' parts were printed whole."""
+    from masr.runs.registry import differences, read_differences, resumable, signature
+
+    softmax = RunOptions(train=TrainConfig(loss="softmax", temperature=0.1))
+    bpr = RunOptions(train=TrainConfig(loss="bpr", temperature=0.1, epochs=3))
+    made, asked = signature("amdr", softmax, "d"), signature("amdr", bpr, "d")
+    loss = ["start.train.loss softmax -> bpr", "train.loss softmax -> bpr"]
+    assert read_differences(made, asked, resumable) == loss  # --resume may change epochs
+    assert read_differences(made, asked) == [
+        "start.train.epochs 50 -> 3", loss[0], "train.epochs 50 -> 3", loss[1]
+    ]
+    pairs = RunOptions(train=TrainConfig(neg_mode="pairs"))
+    said = read_differences(signature("neumf", RunOptions(), "d"), signature("neumf", pairs, "d"))
+    assert said == [
+        "parts.neumf_gmf.train.neg_mode hardest -> pairs",
+        "parts.neumf_mlp.train.neg_mode hardest -> pairs",
+        "train.neg_mode hardest -> pairs",
+    ]
+    assert differences({"p": [1]}, {"p": [1, 2]}) == ["p [1] -> [1, 2]"]  # not as many: whole

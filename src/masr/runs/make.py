@@ -28,10 +28,9 @@ from masr.errors import MasrError, check_instance
 from masr.lock import locked
 from masr.runs.registry import (
     RunSpec,
-    differences,
     model_config,
     plan,
-    read_by_run,
+    read_differences,
     resumable,
     run_spec,
     same_signature,
@@ -309,7 +308,7 @@ def _build(
         and resumable(made) == resumable(sig)
     )
     if resume and not can_resume and info is not None and (run_dir / "last.pt").is_file():
-        changed = differences(resumable(made), resumable(sig))
+        changed = read_differences(made, sig, resumable)
         raise MasrError(
             f"{run_dir / 'last.pt'}: cannot --resume, made with other data or options "
             f"({', '.join(changed[:4]) or 'unknown'}); pass the same options or drop --resume"
@@ -354,12 +353,19 @@ def _build(
     if resume_state is None:
         if not resume and info is not None and info.get("status") in UNFINISHED:
             done = len(info.get("history", []))
+            # said only where --resume would have: saved epochs, not more than asked for, and
+            # every value the run reads the same (QA: said after --temperature 0.5 too)
+            would = (
+                (run_dir / "last.pt").is_file()
+                and done <= train_cfg.epochs
+                and resumable(made) == resumable(sig)
+            )
             log(f"{run}: starting again; the unfinished run in {run_dir} ({done} epoch(s)) is "
                 "replaced" + (" (--resume would have continued it)"
-                              if command == "masr train" else ""))
+                              if command == "masr train" and would else ""))
         if info is not None and info.get("status") == "finished":
             # say so before a finished run (maybe hours of training) is overwritten
-            changed = differences(read_by_run(made), read_by_run(sig))
+            changed = read_differences(made, sig)
             why = f"other data or options ({', '.join(changed[:4])})" if changed else "asked for"
             log(f"{run}: replacing the finished run in {run_dir}: {why}")
         clear(run_dir)

@@ -25,7 +25,7 @@ run reusable. The labels and order of the paper's Table 2 live here too, so that
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
@@ -247,13 +247,36 @@ def _drop_resumable(sig: dict[str, Any]) -> None:
 
 
 def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two signatures (``old -> new``)."""
+    """Dotted keys whose values differ between two signatures (``old -> new``); lists of as
+    many entries (a fusion's or NeuMF's ``parts``) entry by entry, each named by its run."""
     if isinstance(old, dict) and isinstance(new, dict):
         out: list[str] = []
         for key in sorted(set(old) | set(new), key=str):
             out += differences(old.get(key), new.get(key), f"{prefix}{key}.")
         return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        out = []
+        for i, (was, now) in enumerate(zip(old, new, strict=True)):
+            same_run = isinstance(was, dict) and isinstance(now, dict) and "run" in was
+            name = was["run"] if same_run and was.get("run") == now.get("run") else i
+            out += differences(was, now, f"{prefix}{name}.")
+        return out
     return [] if old == new else [f"{prefix[:-1]} {old} -> {new}"]
+
+
+def read_differences(
+    old: Any, new: Any, view: Callable[[Any], Any] | None = None
+) -> list[str]:
+    """The ``differences`` between two signatures that count for their run (those between
+    ``view(old)`` and ``view(new)``; ``view``: ``read_by_run``, or ``resumable``), with the
+    values each signature records: a run made under softmax and asked for under bpr differs
+    in ``train.loss softmax -> bpr``, not also in a ``train.neg_mode None -> hardest`` that
+    only the view's leaving out unread values makes (QA)."""
+    view = view or read_by_run
+    counted = differences(view(old), view(new))
+    keys = {line.split(" ", 1)[0] for line in counted}
+    whole = [line for line in differences(old, new) if line.split(" ", 1)[0] in keys]
+    return whole or counted
 
 
 
