@@ -624,6 +624,10 @@ def test_a_fusion_made_from_an_earlier_part_is_flagged(tmp_path: Path) -> None:
     assert "masr was made from an earlier mdr" in said.stderr
     assert "amdr was made from an earlier mdr" in said.stderr
     assert "mass was made" not in said.stderr and "amasr was made" not in said.stderr
+    _ok(["train", "--model", "mass", *base, *TINY, "--lr", "0.05"])  # mass made again too
+    said = _ok(["evaluate", *base, "--threads", "1"])
+    # once, though masr is loaded beside mass and then alone (QA: said twice)
+    assert said.stderr.count("masr was made from an earlier mdr and mass") == 1
     # a run made before made_from existed: its parts' file times still tell
     info = json.loads((copy / "amasr" / "run.json").read_text())
     del info["made_from"]

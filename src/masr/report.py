@@ -150,8 +150,11 @@ def evaluate_runs(
             _say_alpha(run, model, log)
             on_top = {}
             for fusion in (f for f, part in fusions.items() if part == run):
-                fused, _ = load_run(runs_dir, fusion, data, dev, warn=log)
+                notes: list[str] = []  # said here only when evaluated here (QA: said twice)
+                fused, _ = load_run(runs_dir, fusion, data, dev, warn=notes.append)
                 if hasattr(fused, "parts") and _same_weights(fused.parts()[1], model):
+                    for note in notes:
+                        log(note)
                     _say_alpha(fusion, fused, log)
                     ready[fusion] = fused.to(dev).eval()
                     on_top[fusion] = FusionOnMass.of(ready[fusion])
