@@ -279,7 +279,6 @@ def read_differences(
     return whole or counted
 
 
-
 # --- the paper's Table 2: labels and order ----------------------------------------------
 
 #: the paper's baselines (a)-(h) in its order, then the other baselines masr ships
