@@ -449,6 +449,20 @@ def test_two_stage_export_and_score_round_trip(tmp_path: Path, runs: Path, model
     assert "--candidates" in runner.invoke(app, ["export", "--help"]).stdout
 
 
+def test_an_input_the_first_pass_refuses_is_one_line_before_the_model_loads(
+    tmp_path: Path, model: Path
+) -> None:
+    """QA: a row without a playlist id was refused after the "ONNX Runtime on CPU" line (the
+    model loaded first); the first pass now comes before, as on the Ray engine."""
+    src = tmp_path / "in.csv"
+    src.write_text(ROWS + 'u0,"",s1\n')
+    out = tmp_path / "recs.csv"
+    result = runner.invoke(app, ["score", str(src), "--model", str(model), "--out", str(out)])
+    assert result.exit_code == 1 and "empty playlist id" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not out.exists()
+
+
 def test_read_rows_option_chunks_the_input_with_the_same_output(
     tmp_path: Path, model: Path
 ) -> None:

@@ -807,8 +807,12 @@ def score_file(
     started = time.perf_counter()
     input = Path(input)
     lf = check_paths(input, out, config, model)
+    summary = ScoreSummary()
+    # the first pass over the input (a row without a playlist id, a file that cannot be read to
+    # its end: one error line) before the model is loaded and said, as the Ray engine does
+    chunks = _playlist_chunks(lf, input, config.read_rows, summary)
     exported = ExportedModel(model, config.device, config.workers, config.batch_size)
-    summary = ScoreSummary(provider=exported.provider, fallback=fallback_of(exported.metadata))
+    summary.provider, summary.fallback = exported.provider, fallback_of(exported.metadata)
     say(
         f"ONNX Runtime on {exported.provider.upper()}: {exported.metadata.get('model')} "
         f"({exported.n_songs:,} songs), {exported.workers} worker(s), "
@@ -821,10 +825,10 @@ def score_file(
         _chunk_hint(exported, say)
     try:
         if out is None:
-            _write_all(lf, input, exported, stdout_bytes(), config, summary)
+            _write_all(chunks, exported, stdout_bytes(), config, summary)
         else:
             with csv_output(out, say) as fh:
-                _write_all(lf, input, exported, fh, config, summary)
+                _write_all(chunks, exported, fh, config, summary)
     finally:
         exported.close()
     summary.seconds = time.perf_counter() - started
@@ -1079,17 +1083,16 @@ def _two_stage(
 
 
 def _write_all(
-    lf: pl.LazyFrame,
-    input: Path,
+    chunks: Iterable[pl.DataFrame],
     model: ExportedModel,
     fh: IO[bytes],
     config: ScoreConfig,
     summary: ScoreSummary,
 ) -> None:
-    """Read, score and write chunk by chunk."""
+    """Read (``chunks``: ``_playlist_chunks``'), score and write chunk by chunk."""
     k = min(config.k, model.n_songs)
     header = HEADER  # written with the first rows: an input refused at once writes nothing
-    for frame in _playlist_chunks(lf, input, config.read_rows, summary):
+    for frame in chunks:
         prepared = _prepare(frame, model, summary)
         songs, scores = model.recommend(prepared.users, prepared.playlists, prepared.members, k)
         # fewer than the --k asked for (k itself is at most the catalog)
