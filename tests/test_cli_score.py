@@ -461,6 +461,14 @@ def test_an_input_the_first_pass_refuses_is_one_line_before_the_model_loads(
     assert result.exit_code == 1 and "empty playlist id" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not out.exists()
+    # the model's own problems are still said first (review: the input's error won over
+    # them, after a whole pass over the input, and the Ray engine's order was the other)
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        cuda = runner.invoke(app, ["score", str(src), "--model", str(model), "--device", "cuda"])
+        assert cuda.exit_code == 1 and "--device cuda" in cuda.stderr, cuda.stderr
+        assert "empty playlist id" not in cuda.stderr
 
 
 def test_read_rows_option_chunks_the_input_with_the_same_output(

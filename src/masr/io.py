@@ -414,9 +414,12 @@ def _check_pids(pids: pl.Series, part: Path, first_part: dict[str, Path]) -> Non
     in an earlier slice (``first_part``, updated here). An MPD pid is one playlist's, so a
     repeat is a slice read twice (a copy beside it, plain and gzipped) or slices of two
     datasets, whose playlists would be merged into one without a word."""
-    counts = pids.value_counts(name="n", sort=True)  # a missing pid counts as one too
-    if counts.height and counts["n"][0] > 1:
-        pid, n = counts.row(0)
+    if pids.null_count():
+        raise MasrError(f"{part}: {pids.null_count()} playlist(s) without a pid; {_MPD_LAYOUT}")
+    repeated = pids.filter(pids.is_duplicated())
+    if len(repeated):
+        pid = repeated[0]  # the first in the slice's order
+        n = int((pids == pid).sum())
         raise MasrError(f"{part}: pid {pid} names {n} playlists; an MPD pid names one")
     for pid in pids.to_list():
         earlier = first_part.setdefault(pid, part)

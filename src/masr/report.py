@@ -210,7 +210,6 @@ def _same_weights(a: Any, b: Any) -> bool:
     )
 
 
-
 def _check_proposer(runs_dir: Path) -> None:
     """One line when ``runs_dir`` has no ``mdr`` run to propose a non-fusion's candidates."""
     if "mdr" not in available_runs(runs_dir):

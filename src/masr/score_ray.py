@@ -230,15 +230,16 @@ def score_ray(
     lf = check_paths(input, out, config, model)  # --out may not name the model's files
     # the driver's copy maps ids and checks the export; the actors load their own to score
     driver = ExportedModel(model, "cpu", workers=1, threads=1)
+    summary = ScoreSummary(fallback=fallback_of(driver.metadata))
+    # the first pass over the input (_first_pass: a row without a playlist id, a file that
+    # cannot be read to its end) is one error line, before the driver's lines and before a
+    # cluster is started or joined
+    chunks = _playlist_chunks(lf, input, config.read_rows, summary)
     if not driver.verified:
         say(unverified_note(driver.path))
     _two_stage(driver, config, model, say)
     k = min(config.k, driver.n_songs)
     csv = config.out_format == "csv"
-    summary = ScoreSummary(fallback=fallback_of(driver.metadata))
-    # the first pass over the input (_first_pass: a row without a playlist id, a file that
-    # cannot be read to its end) is one error line before a cluster is started or joined
-    chunks = _playlist_chunks(lf, input, config.read_rows, summary)
     with _cluster(ray) as resources:
         actors, on_gpu = _actors(config, resources)
         summary.provider, summary.actors = "cuda" if on_gpu else "cpu", actors

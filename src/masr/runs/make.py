@@ -353,12 +353,15 @@ def _build(
     if resume_state is None:
         if not resume and info is not None and info.get("status") in UNFINISHED:
             done = len(info.get("history", []))
-            # said only where --resume would have: saved epochs, not more than asked for, and
-            # every value the run reads the same (QA: said after --temperature 0.5 too)
+            # said only where --resume would have: saved epochs, not more than asked for, every
+            # value the run reads the same (QA: said after --temperature 0.5 too), and the
+            # parts it started from at the best epochs they had then
+            recorded = info.get("start_epochs")
             would = (
                 (run_dir / "last.pt").is_file()
                 and done <= train_cfg.epochs
                 and resumable(made) == resumable(sig)
+                and (recorded is None or recorded == start_epochs)
             )
             log(f"{run}: starting again; the unfinished run in {run_dir} ({done} epoch(s)) is "
                 "replaced" + (" (--resume would have continued it)"
