@@ -127,14 +127,20 @@ def unwrap(doc: str | None) -> str:
     return "\n\n".join(out)
 
 
-def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print ``masr: error: message`` on stderr and return the Exit to raise. Under torchrun
-    every process may say the same line: those after the first name their rank
-    (``masr: error (rank 1 of 2): ...``), so one failure does not read as several."""
+def error_line(message: str) -> None:
+    """Print ``masr: error: message`` on stderr. Under torchrun every process may say the same
+    line: those after the first name their rank (``masr: error (rank 1 of 2): ...``), so one
+    failure does not read as several (usage errors too, said before any command runs)."""
     rank, size = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
     where = f" (rank {rank} of {size})" if launched() and rank != "0" else ""
     sys.stderr.write(f"masr: error{where}: {message}\n")
     sys.stderr.flush()
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print ``masr: error: message`` on stderr (``error_line``) and return the Exit to
+    raise."""
+    error_line(message)
     return typer.Exit(code)
 
 

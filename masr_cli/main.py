@@ -9,7 +9,7 @@ try:  # Ctrl-C while the commands load (QA: a KeyboardInterrupt traceback): one 
     import typer
 
     from masr_cli import analyze, evaluate, export, prep, reproduce, score, synth, train
-    from masr_cli._common import handle_errors, stopped, unwrap
+    from masr_cli._common import error_line, handle_errors, stopped, unwrap
 except KeyboardInterrupt:
     sys.stderr.write("masr: error: interrupted\n")
     raise SystemExit(130) from None
@@ -83,16 +83,16 @@ def run() -> None:
     every other error of masr is, pointing to the command's --help; exit status 2."""
     empty = _empty_value(sys.argv[1:])
     if empty is not None:
-        typer.echo(f"masr: error: {empty}", err=True)
+        error_line(empty)
         sys.exit(2)
     try:
         code = app(standalone_mode=False)
     except KeyboardInterrupt as exc:  # outside a command's own handling (parsing, the callback)
         line, status = stopped(exc)
-        typer.echo(f"masr: error: {line}", err=True)
+        error_line(line)
         sys.exit(status)
     except typer.Abort:
-        typer.echo("masr: error: aborted", err=True)
+        error_line("aborted")
         sys.exit(1)
     except Exception as exc:
         # click's (or, in newer typer, its vendored copy's) usage errors, told by class name
@@ -105,7 +105,7 @@ def run() -> None:
         where = ctx.command_path if ctx is not None else "masr"
         message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
         message = message.replace("Value error, ", "")  # the coercion's wording, not ours
-        typer.echo(f"masr: error: {message} (see {where} --help)", err=True)
+        error_line(f"{message} (see {where} --help)")
         sys.exit(getattr(exc, "exit_code", 2))
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -168,6 +168,31 @@ def test_a_rank_whose_peer_stopped_says_so_in_one_line(
         command()
 
 
+@pytest.mark.parametrize(
+    ("args", "status"),
+    [(["train", "--modle", "amasr"], 2), (["train", "--runs", ""], 2)],
+)
+def test_a_usage_error_under_torchrun_names_the_rank_after_the_first(
+    args: list[str], status: int
+) -> None:
+    """A usage error (an unknown option, an empty value) is met by every process torchrun
+    started, before any command runs: rank 0 says it plainly and the others name their rank,
+    as with the commands' own errors, so one mistake does not read as several (QA: two
+    identical lines under --nproc-per-node 2)."""
+    lines = {}
+    for rank in ("0", "1"):
+        env = {**os.environ, "WORLD_SIZE": "2", "RANK": rank}
+        proc = subprocess.run(
+            [sys.executable, "-c", "from masr_cli.main import run; run()", *args],
+            capture_output=True, text=True, timeout=120, env=env,
+        )
+        assert proc.returncode == status and proc.stdout == ""
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr
+        lines[rank] = proc.stderr.strip()
+    assert lines["0"].startswith("masr: error: ")
+    assert lines["1"] == lines["0"].replace("masr: error: ", "masr: error (rank 1 of 2): ", 1)
+
+
 def test_only_train_runs_under_torchrun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
