@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,60 @@ def test_two_ranks_reduce_to_the_whole_batch_gradient(tmp_path: Path) -> None:
         for name, p in model.named_parameters():
             want = p.grad.to_dense() if p.grad.is_sparse else p.grad
             torch.testing.assert_close(torch.tensor(got[name]), want, rtol=1e-5, atol=1e-7)
+
+
+def _timed_worker(rank: int, size: int, port: int, data_dir: str, out: str) -> None:
+    """A rank of ``masr.train.train_model`` under --time-limit; rank 1's clock runs 3x fast,
+    as if its epochs had taken longer (it counts the waits for rank 0's checkpoints)."""
+    import time
+
+    import masr.distributed as md
+    from masr.config import TrainConfig
+    from masr.dataset import load_prepared
+    from masr.train import train_model
+
+    if rank == 1:
+        real, start = time.perf_counter, time.perf_counter()
+        time.perf_counter = lambda: start + 3 * (real() - start)  # type: ignore[assignment]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(size),
+                      RANK=str(rank), LOCAL_RANK=str(rank))
+    md.init_from_env("cpu")
+    try:
+        data = load_prepared(data_dir)
+        torch.manual_seed(0)
+        model = MDR(MDRConfig(dim=8), data.n_users, data.n_playlists, data.n_songs)
+        config = TrainConfig(epochs=10_000, batch_size=32, patience=0, time_limit=1.5,
+                             loss="bpr", neg=4, neg_mode="hardest", select="sampled")
+        result = train_model(model, data, config)
+        Path(out, f"rank{rank}.json").write_text(json.dumps(len(result.history)))
+    finally:
+        md.shutdown()
+
+
+@needs_gloo
+def test_time_limit_stops_every_rank_at_the_same_epoch(planted_dir: Path, tmp_path: Path) -> None:
+    """--time-limit under torchrun: the ranks' clocks differ, and a rank that stopped on its
+    own left the others waiting in the next all-reduce (QA: torchrun hung until killed).
+    Rank 0's decision counts for all."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_timed_worker, args=(r, 2, port, str(planted_dir), str(tmp_path)))
+        for r in (0, 1)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + 120
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:
+        p.kill()
+        p.join()
+    assert not hung, "a rank was still training (waiting for a peer that had stopped)"
+    assert [p.exitcode for p in procs] == [0, 0]
+    epochs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert epochs[0] == epochs[1] and epochs[0] < 10_000
 
 
 def test_one_process_is_rank_0_of_1_and_takes_every_row() -> None:

@@ -834,6 +834,12 @@ def train_model(
             # no room left for another epoch's training beside its validation: stop here (what
             # spent_time_limit says of a resumed run)
             no_room = limit and elapsed + record["valid_seconds"] >= limit
+            if limit and ranks.distributed:
+                # rank 0's clock decides for all: each rank's own differs (rank 1's counts the
+                # wait while rank 0 writes checkpoints), and a rank that stopped alone left the
+                # others waiting in the next step's all-reduce (QA: --time-limit under torchrun
+                # hung)
+                no_room = from_main(bool(no_room))
             if out_of_time or (no_room and epoch < config.epochs):
                 stopped_early = out_of_time = True
     finally:
