@@ -130,6 +130,13 @@ def test_export_folds_new_playlists_in_through_maps_unless_asked_for_the_mean(
     meta = json.loads(sidecar(exported["map"], "json").read_text())
     assert meta["fold_in"]["mode"] == "map" and meta["fold_in"]["playlists"] == 36
     assert json.loads(sidecar(exported["mean"], "json").read_text())["fold_in"] == {"mode": "mean"}
+    # --unknown-user drop (ExportConfig.unknown_user, which only Python could set) is recorded
+    dropped = tmp_path / "drop.onnx"
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--out", str(dropped),
+                                 "--unknown-user", "drop"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(sidecar(dropped, "json").read_text())["unknown_user"] == "drop"
+    assert json.loads(sidecar(exported["map"], "json").read_text())["unknown_user"] == "members"
     known, new = tmp_path / "known.csv", tmp_path / "new.csv"
     known.write_text("user_id,playlist_id,track_id\nu0,p0,s1\nu0,p0,s2\n")
     new.write_text("user_id,playlist_id,track_id\nu0,fresh,s1\nu0,fresh,s2\n")
