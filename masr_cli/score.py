@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from masr.config import SCORE_ENGINES, SCORE_FORMATS, ScoreConfig
 from masr_cli._common import Device, choices, console, log_line
-
-if TYPE_CHECKING:  # the CLI imports the library's scoring only when it runs
-    pass
 
 NAME = "score"
 

@@ -618,17 +618,22 @@ def _id_text(col: pl.Expr, dtype: pl.DataType | None) -> pl.Expr:
 
 
 def read_interactions(
-    path: str | Path, columns: Columns | None = None, *, extras_apart: bool = False
+    path: str | Path,
+    columns: Columns | None = None,
+    *,
+    extras_apart: bool = False,
+    head: bytes | None = None,
 ) -> RawInput:
     """Read ``path`` and return its id columns (renamed to user/playlist/track) and extras.
 
     ``extras_apart``: the extras (track and artist names, two long strings per row, most of a
     large input's memory) are read by a second, streaming query that keeps one row per track,
-    into :attr:`RawInput.song_extras`, so they never exist per row in memory.
+    into :attr:`RawInput.song_extras`, so they never exist per row in memory. ``head``: what
+    ``check_file(path)`` returned, when the caller checked the file already (not read again).
     """
     columns = columns or Columns()
     path = Path(path)
-    head = check_file(path)
+    head = check_file(path) if head is None else head  # ``head``: what check_file returned
     kind, gz = detect_format(path, head)
     hasher = _Sha256Thread(path, gz)
     hasher.start()

@@ -417,10 +417,11 @@ def _prepare(
     say = log or (lambda _msg: None)
     t0 = time.perf_counter()
     out = Path(out)
+    head = None  # the input's start, read once
     if input_path is not None:  # what is wrong with the input first (not a folder of parts...)
         if str(input_path) == "-":  # as masr score reads standard input
             raise MasrError("INPUT -: masr prep reads a file, not standard input; save it first")
-        check_file(Path(input_path))
+        head = check_file(Path(input_path))
     check_replaceable_dir(out, MANIFEST, inputs=() if input_path is None else (input_path,))
     check_outside_prepared(out, "--out", itself=False)  # a prep of that folder would remove it
     if input_path is None:
@@ -435,7 +436,7 @@ def _prepare(
     else:
         if synth_users is not None:
             raise MasrError("--users applies to the embedded dataset only; drop it or the INPUT")
-        raw = read_interactions(input_path, columns, extras_apart=True)
+        raw = read_interactions(input_path, columns, extras_apart=True, head=head)
         source = str(input_path)
     say(f"read {raw.rows:,} rows from {source} in {time.perf_counter() - t0:.2f}s")
 

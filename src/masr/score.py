@@ -1073,9 +1073,8 @@ def check_candidates(metadata: dict[str, Any], config: ScoreConfig, path: str | 
 def _two_stage(
     model: ExportedModel, config: ScoreConfig, path: str | Path, say: Callable[[str], None]
 ) -> None:
-    """``--candidates``: the run-time N of a two-stage export (``check_candidates`` on the
-    metadata of the loaded model too: a model file replaced since is checked as it is)."""
-    check_candidates(model.metadata, config, path)
+    """``--candidates``: the run-time N of a two-stage export (``score_file`` refused what the
+    export cannot serve, ``check_candidates``, before the model was loaded)."""
     if not model.two_stage:
         return
     n = config.candidates or int(model.metadata["candidates"])
