@@ -479,6 +479,13 @@ def test_a_fusion_weight_of_one_or_zero_exports_the_weighted_part_alone(
     for u, p in ((users, rows), (unknown, unknown), (users, unknown)):
         songs, scores = run(sess, u, p, members, 10)
         assert_top_k(songs, scores, reference(mdr, mass, alpha, u, p, members, maps=maps), 10)
+    # a two-stage export keeps both parts (masr score --candidates needs them); at α 1 its
+    # re-rank is MDR's own order of the proposals, and the export says so
+    notes.clear()
+    two = export_model(runs, tmp_path / "c.onnx", ExportConfig(alpha=alpha, candidates=50),
+                       log=notes.append).metadata
+    assert set(two["dims"]) == {"mdr", "mass"}
+    assert any("re-rank keeps MDR's order" in n for n in notes) == (alpha == 1.0), notes
 
 
 def test_export_chooses_masr_without_adversarial_parts_and_honours_options(

@@ -154,7 +154,8 @@ def test_analyze_attention_and_speed_on_tiny_runs(planted_dir: Path, tmp_path: P
     assert refused.exit_code == 1 and "is a file" in refused.stderr
     assert speed["mass"]["epochs"] == 2 and speed["mass"]["seconds_per_epoch"] > 0
     assert speed["mass"]["processes"] == 1  # recorded in run.json: 1 outside torchrun
-    assert json.loads((runs / "mass" / "run.json").read_text())["processes"] == 1
+    made = json.loads((runs / "mass" / "run.json").read_text())
+    assert made["processes"] == 1 and [h["processes"] for h in made["history"]] == [1, 1]
     with pytest.raises(MasrError, match="nowhere: no such run folder"):  # a typo: said
         epoch_seconds([runs / "mass", tmp_path / "nowhere"])
     # two runs folders with a run of the same name: one row each, and a table on stderr
@@ -506,3 +507,31 @@ def test_reproduce_without_test_cases_stops_before_training(tmp_path: Path) -> N
     assert refused.exit_code == 1
     assert "no test cases to rank" in refused.stderr, refused.stderr
     assert not (out / "runs").exists()
+
+
+def test_epoch_seconds_follows_the_latest_process_count(tmp_path):
+    """A run resumed under torchrun with another process count: its epoch time is that of the
+    epochs trained with the latest count, which it reports, and the others are said (each
+    epoch records its processes; before, run.json's one count was the resumed run's)."""
+    run = tmp_path / "mass"
+    run.mkdir()
+    history = [{"epoch": 1, "train_seconds": 10.0},  # written before epochs recorded it
+               {"epoch": 2, "train_seconds": 4.0, "processes": 2},
+               {"epoch": 3, "train_seconds": 6.0, "processes": 2}]
+    info = {"run": "mass", "model": "mass", "status": "finished", "processes": 1,
+            "history": history}
+    (run / "run.json").write_text(json.dumps(info))
+    said: list[str] = []
+    speed = epoch_seconds([run], log=said.append)
+    assert speed["mass"]["processes"] == 2 and speed["mass"]["epochs"] == 2
+    assert speed["mass"]["seconds_per_epoch"] == pytest.approx(5.0)
+    assert len(said) == 1 and "1 of its epochs trained with another process count" in said[0]
+    for h in history:  # one count throughout: every epoch, nothing said
+        h["processes"] = 1
+    (run / "run.json").write_text(json.dumps(info))
+    said.clear()
+    speed = epoch_seconds([run], log=said.append)
+    assert speed["mass"]["epochs"] == 3 and said == []
+    history[0]["processes"] = 0  # not a count: the run is left out with a warning
+    (run / "run.json").write_text(json.dumps(info))
+    assert epoch_seconds([run], log=said.append) == {} and "processes" in said[0]

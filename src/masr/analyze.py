@@ -318,16 +318,30 @@ def epoch_seconds(
             say(problem)
             continue
         info = info or {}
-        times = [h["train_seconds"] for h in info.get("history", []) if "train_seconds" in h]
-        if not times:
+        # each epoch's processes (recorded since a --resume may change them; the run's own
+        # count before that): epoch times are averaged over the latest count's epochs only
+        run_count = int(info.get("processes", 1))
+        timed = [
+            (float(h["train_seconds"]), int(h.get("processes", run_count)))
+            for h in info.get("history", [])
+            if "train_seconds" in h
+        ]
+        if not timed:
             continue
+        processes = timed[-1][1]
+        times = [t for t, n in timed if n == processes]
+        if len(times) < len(timed):
+            say(
+                f"note: {run_dir}: {len(timed) - len(times)} of its epochs trained with another "
+                f"process count; its epoch time is that of the {len(times)} with {processes}"
+            )
         out[key] = {
             "seconds_per_epoch": round(float(np.mean(times)), 4),
             "epochs": len(times),
             "model": info.get("model"),
             "procedure": info.get("procedure"),
             "device": info.get("device"),
-            "processes": int(info.get("processes", 1)),
+            "processes": processes,
         }
     return out
 

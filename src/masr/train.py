@@ -777,6 +777,8 @@ def train_model(
                     "valid_full": {k: both["full"][k] for k in ("hit@10", "ndcg@10")},
                     "train_seconds": round(train_seconds, 3),
                     "valid_seconds": round(time.perf_counter() - t1, 3),
+                    # torchrun's processes that trained this epoch: a --resume may change them
+                    "processes": ranks.size,
                 }
                 if done < steps:
                     record["steps"] = f"{done}/{steps}"  # the epoch the time limit cut

@@ -195,6 +195,13 @@ def export_model(
                 "song biases alone (no user taste); --alpha 0.25 keeps MDR in the export"
             )
         mdr, mass = (mdr, None) if alpha == 1.0 else (None, mass)
+    elif mdr is not None and mass is not None and alpha == 1.0:
+        # a two-stage graph keeps its contract (masr score --candidates), but its re-rank
+        # by eq. 20 at α 1 is MDR's own order of MDR's proposals
+        say(
+            "note: α 1 gives the mass part no weight: the two-stage re-rank keeps MDR's order "
+            "of its proposals (an export without --candidates ranks the same, without MASS)"
+        )
     default_k = ScoreConfig().k
     if config.candidates is not None and config.candidates < default_k:
         say(

@@ -54,6 +54,8 @@ def _shape_problem(info: object) -> str | None:
         if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
                 or not math.isfinite(seconds) or seconds < 0):
             return "history's train_seconds is not a number of seconds"
+        if "processes" in epoch and not _is_count(epoch["processes"]):
+            return "history's processes is not a whole number above 0"
     if "processes" in info and not _is_count(info["processes"]):
         return "processes is not a whole number above 0"
     return None
