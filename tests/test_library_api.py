@@ -498,3 +498,25 @@ def test_a_model_loaded_without_data_is_not_evaluated_on_other_data(
     assert bare.data_fingerprint == data.fingerprint
     with pytest.raises(MasrError, match="^mdr: trained on other prepared data"):
         evaluate_model(bare, other)
+
+
+def test_evaluating_on_another_device_leaves_the_model_where_it_was(
+    trained: tuple[Path, Path],
+) -> None:
+    """evaluate_model(device="cuda") of a CPU model (a notebook's): the model is back on the
+    CPU afterwards, with the same figures as on the CPU."""
+    import torch
+
+    from masr.dataset import load_prepared
+    from masr.evaluate import evaluate_model
+    from masr.runs import load_run
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    data_dir, runs = trained
+    data = load_prepared(data_dir)
+    model, _ = load_run(runs, "mdr", data, device="cpu")
+    on_cpu = evaluate_model(model, data, "valid", device="cpu")
+    on_gpu = evaluate_model(model, data, "valid", device="cuda")
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    assert on_gpu["sampled"]["hit@10"] == pytest.approx(on_cpu["sampled"]["hit@10"], abs=1e-3)

@@ -429,6 +429,7 @@ def evaluate_model_and(
     from masr.compiled import compile_scores
 
     was_training = model.training
+    home = next(_devices(model), index.device)  # a library caller's model goes back there
     model.to(index.device).eval()
     compiled = compile_scores(model, compile, index.device)
     try:
@@ -448,6 +449,8 @@ def evaluate_model_and(
         model.train(was_training)
         if compiled:
             model.compile_scores(False)
+        if home != index.device:
+            model.to(home)
     return result
 
 
