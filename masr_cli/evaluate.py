@@ -78,8 +78,9 @@ def command(
         typer.Option(
             help="Also evaluate every fusion run (masr, amasr) with its MDR part weighted by "
             "this α instead of its own (eq. 20), as <run>@α=<α>; repeatable. Shows what "
-            "another fusion weight would give without retraining (export it with "
-            "`masr export --alpha`).",
+            "another fusion weight would give without retraining. To pick one, compare them "
+            "with --split valid (as `masr train --alpha auto` does), never on the test split "
+            "you report, then export it with `masr export --alpha`.",
             show_default=False,
         ),
     ] = None,

@@ -111,3 +111,15 @@ def test_the_console_script_keeps_help_version_and_exit_codes(tmp_path) -> None:
     assert run("train", "--help").returncode == 0
     failed = run("evaluate", "--data", str(tmp_path / "none"))
     assert failed.returncode == 1 and failed.stderr.startswith("masr: error: ")
+
+
+
+def test_evaluate_alpha_help_sends_the_choice_to_the_validation_split() -> None:
+    """QA: `masr evaluate --alpha` (default --split test) said to export the α it showed, an
+    invitation to choose eq. 20's weight on the test split; it names --split valid."""
+    import typer.main
+
+    evaluate = typer.main.get_command(app).commands["evaluate"]  # type: ignore[attr-defined]
+    (option,) = [p for p in evaluate.params if p.name == "alpha"]
+    assert "compare them with --split valid" in option.help
+    assert "never on the test split" in option.help
