@@ -76,6 +76,7 @@ def command(
     alpha: Annotated[
         list[float] | None,
         typer.Option(
+            metavar="A",
             help="Also evaluate every fusion run (masr, amasr) with its MDR part weighted by "
             "this α instead of its own (eq. 20), as <run>@α=<α>; repeatable. Shows what "
             "another fusion weight would give without retraining. To pick one, compare them "

@@ -123,3 +123,13 @@ def test_evaluate_alpha_help_sends_the_choice_to_the_validation_split() -> None:
     (option,) = [p for p in evaluate.params if p.name == "alpha"]
     assert "compare them with --split valid" in option.help
     assert "never on the test split" in option.help
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_no_option_shows_a_python_type_as_its_value(command: str) -> None:
+    """A repeatable option names its value (`--alpha A`), not Typer's `<list[float]>`."""
+    result = runner.invoke(
+        app, [*command.split(), "--help"], env={"COLUMNS": "200", "TERM": "dumb"}
+    )
+    assert result.exit_code == 0
+    assert "list[" not in result.stdout and "dict[" not in result.stdout, command
