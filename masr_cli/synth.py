@@ -45,7 +45,12 @@ def command(
     ] = None,
     songs: Annotated[
         int | None,
-        typer.Option(help="Catalog size (songs that can be drawn).", show_default=False),
+        typer.Option(
+            help="Catalog size (songs that can be drawn). Default: "
+            f"{SynthConfig.songs_per_user:g} per user, at least 200 ({SynthConfig().n_songs:,} "
+            f"for the default {SynthConfig.users} users); with --playlists, 2.26 per playlist.",
+            show_default=False,
+        ),
     ] = None,
     mean_length: Annotated[
         float | None,

@@ -133,3 +133,17 @@ def test_no_option_shows_a_python_type_as_its_value(command: str) -> None:
     )
     assert result.exit_code == 0
     assert "list[" not in result.stdout and "dict[" not in result.stdout, command
+
+
+def test_synth_help_states_the_catalog_size_it_writes(tmp_path) -> None:
+    """`masr synth --songs` had no stated default; the help now gives the one it writes."""
+    from masr.synth import SynthConfig
+
+    shown = runner.invoke(app, ["synth", "--help"], env={"COLUMNS": "200", "TERM": "dumb"})
+    assert shown.exit_code == 0
+    assert f"({SynthConfig().n_songs:,} for the default {SynthConfig().users} users)" in (
+        " ".join(shown.stdout.split())
+    )
+    written = runner.invoke(app, ["synth", "--out", str(tmp_path / "s.csv"), "--users", "3"])
+    assert written.exit_code == 0 and f"{SynthConfig(users=3).n_songs:,} songs" in written.stderr
+    assert SynthConfig(users=3).n_songs == 200  # "at least 200"
