@@ -53,14 +53,16 @@ def command(
     max_playlist_songs: Annotated[
         int | None,
         typer.Option(
-            help="Drop outlier playlists with more songs than this (before the k-core).",
+            help="Drop outlier playlists with more songs than this (before the k-core). "
+            "Default: none dropped.",
             show_default=False,
         ),
     ] = None,
     max_user_playlists: Annotated[
         int | None,
         typer.Option(
-            help="Drop outlier users with more playlists than this (before the k-core).",
+            help="Drop outlier users with more playlists than this (before the k-core). "
+            "Default: none dropped.",
             show_default=False,
         ),
     ] = None,

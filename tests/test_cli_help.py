@@ -147,3 +147,33 @@ def test_synth_help_states_the_catalog_size_it_writes(tmp_path) -> None:
     written = runner.invoke(app, ["synth", "--out", str(tmp_path / "s.csv"), "--users", "3"])
     assert written.exit_code == 0 and f"{SynthConfig(users=3).n_songs:,} songs" in written.stderr
     assert SynthConfig(users=3).n_songs == 200  # "at least 200"
+
+
+#: options whose absence is plain (an output not written, an extra not run): no default to state
+_OPT_IN = {
+    ("synth", "--playlists"), ("evaluate", "--json"), ("evaluate", "--plot"),
+    ("evaluate", "--alpha"), ("score", "--out"),
+}
+
+
+def test_every_option_without_a_shown_default_states_it() -> None:
+    """An option whose [default: ...] is hidden says its default in its help (prep's
+    --max-playlist-songs and --max-user-playlists said nothing: no outlier is dropped)."""
+    import typer
+
+    def commands(group, prefix=""):  # noqa: ANN001, ANN202
+        for name, sub in group.commands.items():
+            if hasattr(sub, "commands"):
+                yield from commands(sub, f"{prefix}{name} ")
+            else:
+                yield f"{prefix}{name}", sub
+
+    silent = [
+        (name, p.opts[0])
+        for name, command in commands(typer.main.get_command(app))
+        for p in command.params
+        if p.param_type_name == "option" and p.name != "help" and not p.required
+        and not p.is_flag and (p.show_default is False or p.default is None)
+        and "default" not in (p.help or "").lower() and (name, p.opts[0]) not in _OPT_IN
+    ]
+    assert silent == []
