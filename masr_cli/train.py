@@ -79,7 +79,8 @@ def _recipe_text(name: str, cpu: bool = False) -> str:
         scope, dot, name = key.rpartition(".")
         text.append(f"--{name.replace('_', '-')} {value}" + (f" for {scope}" if dot else ""))
     text += [f"--set {k}={v}" for k, v in recipe.get("model", {}).items()]
-    return " ".join(text)
+    # commas keep a scoped value apart from the plain one ("--neg 128, --neg 1024 for mdr")
+    return (", " if any(" for " in t for t in text) else " ").join(text)
 
 
 #: masr's own models' (MDR, MASS) defaults for the model settings the fullrank recipe sets:

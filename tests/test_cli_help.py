@@ -177,3 +177,14 @@ def test_every_option_without_a_shown_default_states_it() -> None:
         and "default" not in (p.help or "").lower() and (name, p.opts[0]) not in _OPT_IN
     ]
     assert silent == []
+
+
+def test_the_recipe_help_keeps_a_models_own_cpu_value_apart() -> None:
+    """`--recipe`'s help read "on a CPU --neg 128 --neg 1024 for mdr", two values of one
+    option run together; a comma now parts the plain value from MDR's."""
+    from masr.config import CPU_RECIPES
+    from masr_cli.train import _recipe_text
+
+    text = _recipe_text("fullrank", cpu=True)
+    train = CPU_RECIPES["fullrank"]["train"]
+    assert text == f"--neg {train['neg']}, --neg {train['mdr.neg']} for mdr"
