@@ -134,8 +134,9 @@ def command(
     Writes CSV `playlist_id,rank,track_id,score` to stdout (or --out): K rows per playlist in
     input order, rank 1 best, score = the negated fused distance (higher is better). A
     playlist's own songs are never recommended. New playlists are folded in from their known
-    songs; unknown songs are ignored; a playlist with no known song is ranked by its user's
-    taste, then by popularity (an export without MDR, α 0: by MASS's song biases alone).
+    songs; unknown songs are ignored; a new playlist with no known song is ranked by its
+    user's taste, then by popularity (an export without MDR, α 0: by MASS's song biases
+    alone), a known one by its trained playlist vector.
     Logs and the summary line go to stderr. --engine ray spreads the same scoring over a Ray
     cluster's actors.
 

@@ -860,3 +860,38 @@ def test_an_export_without_mdr_says_how_songless_playlists_are_ranked(
         result = runner.invoke(app, ["score", str(src), "--model", str(out), "--k", "3"])
         assert result.exit_code == 0, result.stderr
         assert f"1 playlist without a known song (ranked by {said}" in result.stderr
+
+
+def test_a_known_playlist_without_a_known_song_is_ranked_by_its_trained_vector(
+    tmp_path: Path, model: Path
+) -> None:
+    """A playlist the model was trained on keeps its trained MDR vector when none of its input
+    songs is known: it ranks as with its songs (bar them), and the summary and the warning say
+    so (QA: both said it was ranked by user taste, then popularity, as a new one is)."""
+    with_songs, without = tmp_path / "with.csv", tmp_path / "without.csv"
+    with_songs.write_text("user_id,playlist_id,track_id\nu0,p0,s1\n")
+    without.write_text("user_id,playlist_id,track_id\nu0,p0,zz\nu0,NEW,zz\n")
+    alone = runner.invoke(app, ["score", str(without), "--model", str(model), "--k", "5"])
+    assert alone.exit_code == 0, alone.stderr
+    summary = next(line for line in alone.stderr.splitlines() if line.startswith("scored"))
+    assert "1 playlist without a known song (ranked by user taste" in summary
+    assert "1 known playlist without a known song (each ranked by its trained" in summary
+    assert "known playlists by their trained vectors, the others by user taste" in alone.stderr
+    only_known = tmp_path / "only_known.csv"
+    only_known.write_text("user_id,playlist_id,track_id\nu0,p0,zz\n")
+    result = runner.invoke(app, ["score", str(only_known), "--model", str(model), "--k", "5"])
+    assert result.exit_code == 0, result.stderr
+    assert "0 playlists without a known song" in result.stderr
+    assert "warning: none of the input's songs is in the model's catalog" in result.stderr
+    assert "every playlist was ranked by" not in result.stderr
+    # its trained vector ranks it: the MDR part as with its songs (α 1 exports MDR alone)
+    mdr = tmp_path / "mdr.onnx"
+    export = runner.invoke(app, ["export", "--runs", str(model.parent.parent / "runs"),
+                                 "--model", "mdr", "--out", str(mdr)])
+    assert export.exit_code == 0, export.stderr
+    known = runner.invoke(app, ["score", str(with_songs), "--model", str(mdr), "--k", "5"])
+    bare = runner.invoke(app, ["score", str(only_known), "--model", str(mdr), "--k", "6"])
+    assert known.exit_code == 0 and bare.exit_code == 0, (known.stderr, bare.stderr)
+    rows = [line for line in bare.stdout.splitlines()[1:] if ",s1," not in line]
+    drop_rank = [line.split(",", 2)[2] for line in rows[:5]]
+    assert drop_rank == [line.split(",", 2)[2] for line in known.stdout.splitlines()[1:]]

@@ -98,6 +98,9 @@ class ScoreSummary:
     #: only, as in MPD's challenge set, is an empty playlist to continue)
     trackless_rows: int = 0
     fallback_playlists: int = 0  # no usable member: user term, then song popularity
+    #: playlists the model was trained on with no usable member in the input: an export with
+    #: MDR still ranks them by their trained playlist vector (eq. 11), not by the fallback
+    known_songless_playlists: int = 0
     #: how those are ranked (``fallback_of``): MDR's user term, then the song biases; an export
     #: without an MDR part (α 0, or MASS alone) has only MASS's song biases
     fallback: str = "user taste, then popularity"
@@ -125,6 +128,11 @@ class ScoreSummary:
             f"{_n(self.fallback_playlists, 'playlist')} without a known song "
             f"(ranked by {self.fallback})"
         )
+        if self.known_songless_playlists:
+            parts.append(
+                f"{_n(self.known_songless_playlists, 'known playlist')} without a known song "
+                "(each ranked by its trained playlist vector)"
+            )
         if self.short_playlists:
             parts.append(f"{_n(self.short_playlists, 'playlist')} with fewer than K songs left")
         if self.regrouped:
@@ -133,21 +141,32 @@ class ScoreSummary:
 
     def warning(self) -> str | None:
         """A line for input none of whose songs the model knows (QA: exit 0 and the counts
-        only, every playlist ranked by the fallback), else None."""
-        if not (self.playlists and self.unknown_song_rows
-                and self.fallback_playlists == self.playlists):
+        only, every playlist ranked by the fallback, or a known one by its trained vector),
+        else None."""
+        songless = self.fallback_playlists + self.known_songless_playlists
+        if not (self.playlists and self.unknown_song_rows and songless == self.playlists):
             return None
+        how = f"every playlist was ranked by {self.fallback}"
+        if self.known_songless_playlists:  # QA: said of known playlists too, which MDR ranks
+            others = f", the others by {self.fallback}" if self.fallback_playlists else ""
+            how = ("no playlist was ranked from its songs (the known playlists by their "
+                   f"trained vectors{others})")
         return (
-            f"warning: none of the input's songs is in the model's catalog, so every playlist "
-            f"was ranked by {self.fallback}; are its track ids the ones the model was trained "
-            "on (the column masr prep read, e.g. '000384' and not 384)?"
+            f"warning: none of the input's songs is in the model's catalog, so {how}; are its "
+            "track ids the ones the model was trained on (the column masr prep read, e.g. "
+            "'000384' and not 384)?"
         )
+
+
+def has_mdr(metadata: dict[str, Any]) -> bool:
+    """Whether an export has an MDR part, from its metadata's parts (``dims``)."""
+    dims = metadata.get("dims")
+    return not (isinstance(dims, dict) and "mdr" not in dims)
 
 
 def fallback_of(metadata: dict[str, Any]) -> str:
     """``ScoreSummary.fallback`` of an export, from its metadata's parts (``dims``)."""
-    dims = metadata.get("dims")
-    if isinstance(dims, dict) and "mdr" not in dims:
+    if not has_mdr(metadata):
         return "MASS's song biases alone: this export has no MDR part"
     return ScoreSummary.fallback
 
@@ -642,7 +661,12 @@ def _prepare(frame: pl.DataFrame, model: ExportedModel, summary: ScoreSummary) -
     summary.playlists += grouped.height
     summary.new_playlists += int((playlists == UNKNOWN).sum())
     summary.new_user_playlists += int((users == UNKNOWN).sum())
-    summary.fallback_playlists += int((n_members == 0).sum())
+    songless = n_members == 0
+    # a known playlist keeps its trained MDR vector (eq. 11): only MASS, which has no playlist
+    # vector, falls back for it (QA: counted and warned about as ranked by user taste alone)
+    known = songless & (playlists != UNKNOWN) & has_mdr(model.metadata)
+    summary.known_songless_playlists += int(known.sum())
+    summary.fallback_playlists += int((songless & ~known).sum())
     return _Prepared(
         playlist_ids=grouped["playlist"],
         users=users,

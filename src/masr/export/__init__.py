@@ -16,7 +16,8 @@ Member songs are never returned (their distance is set to +inf before the top-K)
 playlists the model never saw are folded in: an unknown playlist (and by default an unknown user)
 folds in from its members' MDR song vectors (by default through the maps ``masr.foldin`` fits on
 the training playlists, else their mean), an unknown MASS user takes the mean of each memory's
-user table, and a playlist with no usable member ranks by user taste, then by popularity.
+user table, and a new playlist with no usable member ranks by user taste, then by popularity
+(a known one keeps its trained MDR vector).
 
 Everything that does not depend on the playlist is precomputed as constants (GEMM form). Where
 each part lives:
