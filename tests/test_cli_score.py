@@ -453,6 +453,12 @@ def test_two_stage_export_and_score_round_trip(tmp_path: Path, runs: Path, model
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     one_part = runner.invoke(app, [*args, "--model", "mdr", "--candidates", "5"])
     assert one_part.exit_code == 1 and "--candidates: mdr is one part" in one_part.stderr
+    # the refusal alone, before the progress line (QA: "exporting mdr from ..." came first)
+    assert len(one_part.stderr.strip().splitlines()) == 1, one_part.stderr
+    alpha = runner.invoke(app, [*args, "--model", "mdr", "--alpha", "0.5"])
+    assert alpha.exit_code == 1 and alpha.stderr.strip().splitlines() == [
+        "masr: error: --alpha: mdr is one part; α weights the parts of amasr/masr only"
+    ]
     assert "--candidates" in runner.invoke(app, ["export", "--help"]).stdout
 
 

@@ -142,6 +142,17 @@ def check_outside_runs(out: str | Path, runs_dir: str | Path) -> None:
             )
 
 
+def _check_one_part(kind: str, config: ExportConfig) -> None:
+    """One line for the options that need both parts, given for a one-part export."""
+    if config.alpha is not None:
+        raise MasrError(f"--alpha: {kind} is one part; α weights the parts of amasr/masr only")
+    if config.candidates is not None:
+        raise MasrError(
+            f"--candidates: {kind} is one part; the two-stage graph proposes with MDR and "
+            "re-ranks with the MDR + MASS fusion (export amasr or masr)"
+        )
+
+
 def export_model(
     runs_dir: str | Path = "runs",
     out: str | Path = "exported/masr.onnx",
@@ -161,6 +172,8 @@ def export_model(
     check_parents(out, "--out")
     kind, sources = resolve_sources(runs_dir, config.model)
     check_outside_runs(out, runs_dir)
+    if kind not in ("amasr", "masr"):  # one part: refused alone, before the progress line (QA)
+        _check_one_part(kind, config)
     say(f"exporting {kind} from {', '.join(str(s.path) for s in sources)}")
     from masr.runs.store import run_warnings
 
