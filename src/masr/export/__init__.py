@@ -194,9 +194,7 @@ def export_model(
                 f"note: no {fusion_run} run to take α from: exporting the paper's α {ALPHA:g} "
                 f"(`masr train --model {fusion_run}` chooses it on validation; or --alpha)"
             )
-    elif config.alpha is not None:
-        raise MasrError(f"--alpha: {kind} is one part; α weights the parts of amasr/masr only")
-    else:
+    else:  # one part (its --alpha and --candidates were refused above)
         alpha = 1.0 if mass is None else 0.0
     if mdr is not None and mass is not None and alpha in (0.0, 1.0) and not config.candidates:
         # eq. 20 gives one part no weight (a weight chosen on validation, or --alpha): the other
@@ -221,11 +219,6 @@ def export_model(
         say(
             f"note: --candidates {config.candidates} is below masr score's default --k "
             f"{default_k}: score this export with --k {config.candidates} or less"
-        )
-    if config.candidates is not None and (mdr is None or mass is None):
-        raise MasrError(
-            f"--candidates: {kind} is one part; the two-stage graph proposes with MDR and "
-            "re-ranks with the MDR + MASS fusion (export amasr or masr)"
         )
     # the parts' tensors first: an ablation (Tables 3-4) refuses here, before any file is read
     mdr_w = mdr_weights(mdr) if mdr is not None else None
