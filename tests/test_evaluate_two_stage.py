@@ -71,12 +71,13 @@ def test_cli_candidates_at_catalog_size_match_the_exact_figures(tmp_path):
     out = json.loads(result.stdout)
     for run in ("masr", "mass"):  # masr: its own MDR part proposes; mass: the mdr run
         two = out[run]["two_stage"]
-        assert two["proposed"] == 1.0 and two["candidates"] == 100000
+        assert two["proposed"] == 1.0 and two["candidates"] == 48  # as used, an int (QA)
         assert {k: two[k] for k in out[run]["full"]} == out[run]["full"], run
     result = runner.invoke(app, [*base, "--candidates", "3", "--json", "-"])
     assert result.exit_code == 0, (result.stderr, result.exception)
     two = json.loads(result.stdout)["masr"]["two_stage"]
     assert 0 <= two["proposed"] <= 1 and two["hit@10"] <= two["proposed"]
+    assert two["candidates"] == 3 and isinstance(two["candidates"], int)
     # a fusion's other weights (--alpha) get their two-stage figures too, as `masr export
     # --alpha A --candidates N` serves them: at the catalog's size, the exact ones
     result = runner.invoke(app, [*base, "--alpha", "0.3", "--candidates", "100000", "--json", "-"])

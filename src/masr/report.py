@@ -238,9 +238,10 @@ def two_stage_metrics(
     candidates: int,
     full_sample: int = 0,
     sample_seed: int = 0,
-) -> dict[str, float]:
+) -> dict[str, float | int]:
     """hit@N / ndcg@N of the two-stage full ranking on the full protocol's cases, with
-    ``candidates`` and ``proposed`` (share of held-out songs among the candidates)."""
+    ``candidates`` (the songs each case proposed: at most the catalog) and ``proposed`` (share
+    of held-out songs among the candidates)."""
     from masr.evaluate import metrics_from_ranks, subsample_cases, two_stage_ranks
 
     cases = subsample_cases(data.test if split == "test" else data.valid, full_sample, sample_seed)
@@ -252,7 +253,7 @@ def two_stage_metrics(
     finally:
         model.train(was_training)
     out = metrics_from_ranks(ranks)
-    out["candidates"] = float(candidates)
+    out["candidates"] = min(int(candidates), data.n_songs)  # as used: at most the catalog
     out["proposed"] = float(proposed.mean()) if len(proposed) else 0.0
     return out
 
