@@ -901,3 +901,21 @@ def test_a_known_playlist_without_a_known_song_is_ranked_by_its_trained_vector(
     rows = [line for line in bare.stdout.splitlines()[1:] if ",s1," not in line]
     drop_rank = [line.split(",", 2)[2] for line in rows[:5]]
     assert drop_rank == [line.split(",", 2)[2] for line in known.stdout.splitlines()[1:]]
+
+
+def test_export_on_other_data_is_one_line(tmp_path: Path, runs: Path) -> None:
+    """QA: `masr export --data` naming other prepared data said "exporting ... from" and the
+    fusion's α before the error; the data is now checked first, so the refusal stands alone."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(runs.parent / "data", other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["fingerprint"] = "0" * len(manifest["fingerprint"])
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "x.onnx"
+    result = runner.invoke(app, ["export", "--runs", str(runs), "--data", str(other),
+                                 "--out", str(out)])
+    assert result.exit_code == 1 and not out.exists()
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not the data the checkpoints were trained on" in lines[0]

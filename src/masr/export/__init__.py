@@ -174,13 +174,16 @@ def export_model(
     check_outside_runs(out, runs_dir)
     if kind not in ("amasr", "masr"):  # one part: refused alone, before the progress line (QA)
         _check_one_part(kind, config)
+    mdr, mass, fused_alpha, described, fingerprint = load_sources(sources)
+    # the data the checkpoints were trained on, before any line: other data is one error line
+    data_dir = locate_data(runs_dir, sources, fingerprint, config.data)
+    check_not_inside(out, data_dir, "--out")  # masr prep replaces that folder whole
     say(f"exporting {kind} from {', '.join(str(s.path) for s in sources)}")
     from masr.runs.store import run_warnings
 
     for source in sources:  # an interrupted run's best.pt is only its best epoch so far
         for note in run_warnings(source.path.parent):
             say(note)
-    mdr, mass, fused_alpha, described, fingerprint = load_sources(sources)
     alpha_note = None
     if mdr is not None and mass is not None and fused_alpha is None and config.alpha is None:
         fused_alpha, alpha_note = fusion_alpha(runs_dir, kind)  # the parts read, the fusion's α
@@ -227,8 +230,6 @@ def export_model(
     sizes = part.sizes()
     dims = {name: int(m.config.dim) for name, m in (("mdr", mdr), ("mass", mass)) if m}
     del mdr, mass, part  # the arrays above are all that is used of them from here
-    data_dir = locate_data(runs_dir, sources, fingerprint, config.data)
-    check_not_inside(out, data_dir, "--out")  # masr prep replaces that folder whole
     check_replaceable_model(out)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     maps = read_id_maps(data_dir, sizes)
