@@ -510,25 +510,7 @@ def command(
         shutdown()
     if not ranks.is_main:
         return
-    table = Table(
-        title=f"masr train --model {name} (recipe {options.recipe}): validation, best epoch by "
-        f"{options.train.select} ranking"
-    )
-    columns = ("run", "action", "best epoch", "sampled hit@10", "sampled ndcg@10", "full hit@10",
-               "full ndcg@10", "seconds")
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("run", "action") else "right")
-    for o in outcomes:
-        table.add_row(
-            o.run,
-            o.action,
-            # a fusion has no epochs: its row shows the weight of eq. 20 it serves
-            str(o.best_epoch) if o.alpha is None else f"α {o.alpha:g}",
-            *(f"{m.get(k, float('nan')):.4f}" for m in (o.valid, o.valid_full)
-              for k in ("hit@10", "ndcg@10")),
-            f"{o.seconds:.1f}",
-        )
-    console.print(table)
+    console.print(summary_table(name, options, outcomes))
     note = cases_note(outcomes, len(prepared.valid))
     if note:
         console.print(note, highlight=False)
@@ -543,6 +525,38 @@ def command(
         soft_wrap=True,  # one line: the command copies whole
         highlight=False,
     )
+
+
+def summary_table(name: str, options: RunOptions, outcomes: list[RunOutcome]) -> Table:
+    """The table ``masr train`` ends with: each run's action and best epoch (a fusion's α) and
+    its validation figures under both protocols."""
+    table = Table(
+        title=f"masr train --model {name} (recipe {options.recipe}): validation, best epoch by "
+        f"{options.train.select} ranking",
+        # no outer border: eight columns fit 80 terminal columns with whole run names (QA:
+        # neumf_gmf and neumf_mlp were both cut to "neumf_…")
+        show_edge=False,
+        pad_edge=False,
+    )
+    columns = ("run", "action", "best epoch", "sampled hit@10", "sampled ndcg@10", "full hit@10",
+               "full ndcg@10", "seconds")
+    longest = max((len(o.run) for o in outcomes), default=3)
+    for col in columns:
+        if col == "run":
+            table.add_column(col, no_wrap=True, min_width=longest)
+        else:
+            table.add_column(col, justify="left" if col == "action" else "right")
+    for o in outcomes:
+        table.add_row(
+            o.run,
+            o.action,
+            # a fusion has no epochs: its row shows the weight of eq. 20 it serves
+            str(o.best_epoch) if o.alpha is None else f"α {o.alpha:g}",
+            *(f"{m.get(k, float('nan')):.4f}" for m in (o.valid, o.valid_full)
+              for k in ("hit@10", "ndcg@10")),
+            f"{o.seconds:.1f}",
+        )
+    return table
 
 
 def cases_note(outcomes: list[RunOutcome], n_valid: int) -> str | None:

@@ -1032,3 +1032,24 @@ def test_evaluate_title_says_what_each_protocol_ranks_against(tmp_path: Path) ->
     assert "catalog outside the playlist's training songs" in said
     said = " ".join(_ok(["evaluate", *base, "--split", "valid"]).stderr.split())
     assert "vs its 20 stored negatives" in said
+
+
+def test_the_summary_table_keeps_whole_run_names_in_80_columns() -> None:
+    """QA: at 80 columns neumf's branch runs both read "neumf_…" (and the last header was cut);
+    the table now fits with whole names."""
+    import io
+
+    from rich.console import Console
+
+    from masr.config import RunOptions
+    from masr.runs.make import RunOutcome
+    from masr_cli.train import summary_table
+
+    figures = {"hit@10": 0.4, "ndcg@10": 0.3}
+    outcomes = [RunOutcome(run, "trained", 3, figures, 123.4, figures)
+                for run in ("neumf_gmf", "neumf_mlp", "neumf")]
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(summary_table("neumf", RunOptions(), outcomes))
+    text = console.export_text()
+    assert "neumf_gmf" in text and "neumf_mlp" in text and "…" not in text
+    assert "seconds" in text and max(len(line) for line in text.splitlines()) <= 80
