@@ -80,3 +80,25 @@ def test_a_missing_dependency_is_one_error_line(
     last = proc.stderr.splitlines()[-1]
     assert last.startswith("masr: error: ") and names in last, proc.stderr
     assert sum(line.startswith("masr: error") for line in proc.stderr.splitlines()) == 1
+
+
+def test_evaluate_plot_without_matplotlib_stops_before_evaluating(tmp_path: Path) -> None:
+    """--plot without matplotlib was refused only after every run had been evaluated (QA)."""
+    from typer.testing import CliRunner
+
+    from masr_cli.main import app
+
+    data, runs = tmp_path / "data", tmp_path / "runs"
+    assert CliRunner().invoke(app, ["prep", "--out", str(data), "--users", "60"]).exit_code == 0
+    ok = CliRunner().invoke(app, ["train", "--model", "pop", "--data", str(data),
+                                  "--runs", str(runs), "--threads", "1"])
+    assert ok.exit_code == 0, ok.output
+    plot = tmp_path / "hits.png"
+    proc = _masr_without("matplotlib", "evaluate", "--data", str(data), "--runs", str(runs),
+                         "--plot", str(plot), "--threads", "1")
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "evaluated on" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines == ["masr: error: --plot needs matplotlib; install it with "
+                     "`pip install 'masr[plot]'`"], proc.stderr
+    assert not plot.exists()
