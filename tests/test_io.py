@@ -631,3 +631,20 @@ def test_an_mpd_pid_read_twice_is_one_error_line(tmp_path):
     (apart / "mpd.slice.0-1.json").write_text(text)
     (apart / "mpd.slice.2-3.json").write_text(json.dumps(_mpd_slice([2, 3])))
     assert read_interactions(apart).rows == 4 * 3
+
+
+def test_a_database_null_mark_is_no_id(tmp_path):
+    """MySQL, PostgreSQL and Hive export NULL as \\N: read as an id, a Hive TSV's missing
+    tracks became one song, the most popular of the catalog (QA)."""
+    path = tmp_path / "hive.tsv"
+    path.write_text("user_id\tplaylist_id\ttrack_id\nu\tp\tt1\nu\tp\t\\N\nu\tp\t \\N \n")
+    msg = _error(path)
+    assert "2 row(s) have \\N (a database export's NULL) as 'track_id'" in msg, msg
+    assert "data row 2" in msg and "drop those rows" in msg
+    # blanks are named first, as before; an id merely holding the mark stays an id
+    path.write_text("user_id\tplaylist_id\ttrack_id\n\\N\tp\t\nu\tp\tx\\N\n")
+    assert "1 row(s) have an empty 'track_id'" in _error(path)
+    path.write_text("user_id\tplaylist_id\ttrack_id\nu\tp\tx\\N\nu\t\\Np\tt\n")
+    raw = read_interactions(path)
+    assert raw.frame.select("user", "playlist", "track").rows() == [
+        ("u", "p", "x\\N"), ("u", "\\Np", "t")]
