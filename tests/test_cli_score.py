@@ -736,6 +736,22 @@ def test_score_counts_rows_without_a_track(tmp_path: Path, model: Path) -> None:
     }
 
 
+def test_score_reads_a_database_null_mark_as_a_missing_id(tmp_path: Path, model: Path) -> None:
+    """\\N, how MySQL, PostgreSQL and Hive export NULL, is a missing id as an empty field is
+    (QA: the rows of two playlists without an id were scored as one playlist '\\N')."""
+    src = tmp_path / "in.tsv"
+    src.write_text(ROWS.replace(",", "\t") + "u0\tp0\t\\N\n\\N\tfresh\ts41\n")
+    result = runner.invoke(app, ["score", str(src), "--model", str(model), "--k", "2"])
+    assert result.exit_code == 0, result.stderr
+    assert "1 row without a track id ignored" in result.stderr
+    assert "0 playlists of new users" in result.stderr  # fresh keeps its user u9
+    assert "\\N" not in result.stdout
+    src.write_text(ROWS.replace(",", "\t") + "u0\t\\N\ts3\nu1\t\\N\ts4\n")
+    result = runner.invoke(app, ["score", str(src), "--model", str(model)])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "2 row(s) have an empty playlist id" in result.stderr
+
+
 def test_export_out_inside_the_prepared_data_is_refused(tmp_path: Path, runs: Path) -> None:
     data = Path(json.loads((runs / "mdr" / "run.json").read_text())["data"]["path"])
     before = sorted(p.name for p in data.iterdir())

@@ -54,6 +54,7 @@ from masr.config import ScoreConfig
 from masr.dataset import check_outside_prepared
 from masr.errors import MasrError, check_instance
 from masr.io import (
+    NULL_MARK,
     Columns,
     check_file,
     detect_format,
@@ -449,9 +450,11 @@ def _scan(path: Path, columns: Columns) -> pl.LazyFrame:
     lf = lf.select(id_columns(path, schema, columns.as_dict()))
     # a blank id ("" or spaces, quoted as a database's CSV writes an empty string) is a missing
     # one, as an empty field is (QA: `u,"",t` scored a playlist with the id "", a user "" made a
-    # training playlist a new user's, a track "" counted as an unknown song)
+    # training playlist a new user's, a track "" counted as an unknown song); so is \N, a
+    # database export's NULL (QA: the rows of several playlists scored as one playlist '\N')
     lf = lf.with_columns(
-        pl.when(pl.col(c) != "").then(pl.col(c)).alias(c) for c in ("user", "playlist", "track")
+        pl.when((pl.col(c) != "") & (pl.col(c) != NULL_MARK)).then(pl.col(c)).alias(c)
+        for c in ("user", "playlist", "track")
     )
     try:
         empty = lf.head(1).collect().height == 0
