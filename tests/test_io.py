@@ -648,3 +648,12 @@ def test_a_database_null_mark_is_no_id(tmp_path):
     raw = read_interactions(path)
     assert raw.frame.select("user", "playlist", "track").rows() == [
         ("u", "p", "x\\N"), ("u", "\\Np", "t")]
+
+
+def test_a_database_null_mark_is_a_missing_position(tmp_path):
+    """\\N in a text song-order column is a missing position, as a blank is (sorted last)."""
+    path = tmp_path / "pos.tsv"
+    path.write_text("user_id\tplaylist_id\ttrack_id\tposition\n"
+                    "u\tp\tt1\t\\N\nu\tp\tt2\t2023-01-02\nu\tp\tt3\t\nu\tp\tt4\t2023-01-01\n")
+    raw = read_interactions(path)
+    assert raw.frame["position"].is_null().to_list() == [True, False, True, False]

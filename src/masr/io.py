@@ -25,6 +25,9 @@ from masr.errors import MasrError
 
 #: Extra song columns kept in songs.parquet when the input has them.
 SONG_EXTRAS = ("track_name", "artist_name")
+#: how MySQL, PostgreSQL (text COPY) and Hive export a NULL: never an id (QA: a Hive TSV's
+#: missing tracks became one song, the catalog's most popular, recommended to every playlist)
+NULL_MARK = "\\N"
 #: Extra interaction column kept in train/valid/test when the input has it.
 POSITION = "position"
 
@@ -761,9 +764,11 @@ def _float_order(col: pl.Series) -> pl.Series:
 
 
 def _text_order(text: pl.Series, path: Path, name: str) -> pl.Series:
-    """Text positions: integers, else ISO dates/datetimes, else numbers; blanks are missing."""
+    """Text positions: integers, else ISO dates/datetimes, else numbers; blanks and a database
+    export's NULL (``\\N``) are missing."""
     text = text.str.strip_chars()
-    text = pl.select(pl.when(text == "").then(None).otherwise(text)).to_series()
+    missing = (text == "") | (text == NULL_MARK)
+    text = pl.select(pl.when(missing).then(None).otherwise(text)).to_series()
     given = text.is_not_null()
     as_int = text.cast(pl.Int64, strict=False)
     if not (as_int.is_null() & given).any():
@@ -805,11 +810,6 @@ def _text_order(text: pl.Series, path: Path, name: str) -> pl.Series:
         "integer, number, date or datetime; fix it, name another with --position-col, or drop "
         "the column"
     )
-
-
-#: how MySQL, PostgreSQL (text COPY) and Hive export a NULL: never an id (QA: a Hive TSV's
-#: missing tracks became one song, the catalog's most popular, recommended to every playlist)
-NULL_MARK = "\\N"
 
 
 def _check_ids(frame: pl.DataFrame, path: Path, wanted: dict[str, str]) -> None:
