@@ -48,6 +48,11 @@ def main(
 ) -> None:
     """masr: automatic playlist continuation."""
     from masr.system import keep_freed_heap, tensor_huge_pages
+    from masr_cli._common import console
+
+    # stderr to a file or a pipe (a log): lines whole, not broken at Rich's 80 columns (QA: a
+    # note or a title split mid-sentence in log files); a terminal keeps its word wrapping
+    console.soft_wrap = not console.is_terminal
 
     tensor_huge_pages()  # before PyTorch loads: fewer page faults on a CPU (docs/training.md)
     keep_freed_heap()  # a step's large tensors reused from the heap, not mapped afresh

@@ -550,8 +550,9 @@ def summary_table(name: str, options: RunOptions, outcomes: list[RunOutcome]) ->
         table.add_row(
             o.run,
             o.action,
-            # a fusion has no epochs: its row shows the weight of eq. 20 it serves
-            str(o.best_epoch) if o.alpha is None else f"α {o.alpha:g}",
+            # a fusion has no epochs: its row shows the weight of eq. 20 it serves; a
+            # closed-form fit (pop, itemknn, ...) has none either (QA: "0" read as a bad epoch)
+            f"α {o.alpha:g}" if o.alpha is not None else str(o.best_epoch or "—"),
             *(f"{m.get(k, float('nan')):.4f}" for m in (o.valid, o.valid_full)
               for k in ("hit@10", "ndcg@10")),
             f"{o.seconds:.1f}",

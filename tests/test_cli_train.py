@@ -1048,8 +1048,23 @@ def test_the_summary_table_keeps_whole_run_names_in_80_columns() -> None:
     figures = {"hit@10": 0.4, "ndcg@10": 0.3}
     outcomes = [RunOutcome(run, "trained", 3, figures, 123.4, figures)
                 for run in ("neumf_gmf", "neumf_mlp", "neumf")]
+    outcomes.append(RunOutcome("itemknn", "fitted", 0, figures, 0.5, figures))
     console = Console(width=80, record=True, file=io.StringIO())
     console.print(summary_table("neumf", RunOptions(), outcomes))
     text = console.export_text()
     assert "neumf_gmf" in text and "neumf_mlp" in text and "…" not in text
     assert "seconds" in text and max(len(line) for line in text.splitlines()) <= 80
+    fitted = next(line for line in text.splitlines() if line.startswith("itemknn"))
+    assert fitted.split("│")[2].strip() == "—"  # a closed-form fit has no epoch, not "0"
+
+
+def test_lines_stay_whole_when_stderr_is_a_log(tmp_path: Path) -> None:
+    """stderr to a file or a pipe (here the test runner's): a note longer than 80 columns is
+    one line, not broken mid-sentence at Rich's default width (QA: log files)."""
+    from conftest import write_planted
+
+    data = write_planted(tmp_path / "data")
+    said = _ok(["train", "--model", "pop", "--data", str(data), "--runs", str(tmp_path / "runs"),
+                "--valid-sample", "5", "--threads", "1"])
+    (note,) = [line for line in said.stderr.splitlines() if line.startswith("note: the full")]
+    assert len(note) > 80 and note.endswith("ranks them all")

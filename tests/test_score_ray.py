@@ -154,7 +154,9 @@ def test_an_input_refused_by_the_first_pass_starts_no_cluster(
         args = ["score", str(src), "--model", str(exported), "--engine", "ray", *extra]
         result = runner.invoke(app, args)
         assert result.exit_code == 1 and result.stdout == "", result.stderr
-        assert result.stderr == f"masr: error: {src}: 2 row(s) have an empty playlist id\n"
+        assert result.stderr == (
+            f"masr: error: {src}: 2 row(s) have an empty playlist id (first at data row 2)\n"
+        )
     assert not (tmp_path / "parts").exists()
 
 

@@ -492,13 +492,16 @@ def _first_pass(lf: pl.LazyFrame, path: Path, read_rows: int) -> bool:
     done = np.empty(0, dtype=np.uint64)
     last = None
     adjacent = True
-    null_ids = 0
+    null_ids, first_null, rows_read = 0, 0, 0
     try:  # every id column: a Parquet file damaged in the track column fails here too
         for frame in lf.collect_batches(chunk_size=read_rows):
             if frame.height == 0:
                 continue
             ids = frame["playlist"]
+            if not null_ids and ids.null_count():  # the first one's data row, as prep says it
+                first_null = rows_read + int(ids.is_null().arg_true()[0])
             null_ids += ids.null_count()
+            rows_read += frame.height
             if not adjacent:
                 continue  # read on: the rest of the file must be readable too
             first, tail = ids[0], ids[-1]
@@ -517,7 +520,10 @@ def _first_pass(lf: pl.LazyFrame, path: Path, read_rows: int) -> bool:
     except Exception as exc:  # polars raises several error types for malformed files
         raise unreadable(path, exc, "unreadable or malformed file") from None
     if null_ids:
-        raise MasrError(f"{path}: {null_ids} row(s) have an empty playlist id")
+        raise MasrError(
+            f"{path}: {null_ids} row(s) have an empty playlist id (first at data row "
+            f"{first_null + 1})"
+        )
     return adjacent
 
 
