@@ -500,6 +500,11 @@ def test_export_chooses_masr_without_adversarial_parts_and_honours_options(
         export_model(runs, tmp_path / "c.onnx", ExportConfig(model="amasr"))
     with pytest.raises(MasrError, match="--alpha: mdr is one part"):
         export_model(runs, tmp_path / "d.onnx", ExportConfig(model="mdr", alpha=0.3))
+    # a fusion's part alone: the refusal names the export that works (QA: it did not)
+    (runs / "mass" / "best.pt").unlink()
+    with pytest.raises(MasrError, match="it has mdr only; train it first: masr train --model "
+                       "amasr, or export mdr alone: masr export --model mdr$"):
+        export_model(runs, tmp_path / "e.onnx")
 
 
 def test_export_finds_the_data_by_fingerprint_or_fails_clearly(

@@ -801,7 +801,7 @@ def _text_order(text: pl.Series, path: Path, name: str) -> pl.Series:
         raise MasrError(
             f"{path}: song-order column {name!r} holds {text[row]!r} (data row {row + 1}), not "
             f"a date or datetime in the form of the others (e.g. {text[like]!r}, data row "
-            f"{like + 1}: one form and one time zone offset throughout); fix it, name another "
+            f"{like + 1}: one form throughout); fix it, name another "
             "with --position-col, or drop the column"
         )
     row = int(bad.arg_true()[0])

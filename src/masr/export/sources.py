@@ -77,10 +77,13 @@ def resolve_sources(runs_dir: str | Path, kind: str | None) -> tuple[str, list[S
     found = f"; it has {', '.join(have)} only" if have else ""
     fusion = kind in (None, "amasr", "masr")  # a fusion: two parts, or its fusion run
     needs = "an MDR and a MASS part, or the fusion run" if fusion else f"the {kind} run"
+    # a fusion missing a part: the part there can be exported alone (QA: not said)
+    alone = [h for h in have if h in _KIND_RUNS and h not in ("amasr", "masr")]
+    other = f", or export {alone[0]} alone: masr export --model {alone[0]}" if alone else ""
     raise MasrError(
         f"--runs {runs_dir}: no trained {what}: the export needs {needs} (looked for "
         f"{', '.join(dict.fromkeys(looked))}){found}; train it first: masr train --model "
-        f"{kind or 'amasr'}"
+        f"{kind or 'amasr'}{other}"
     )
 
 
