@@ -258,6 +258,10 @@ def test_duplicates_shared_playlists_and_owner(tmp_path):
     said: list[str] = []
     m = prepare(path, tmp_path / "out", config=PrepConfig(negatives=3), log=said.append).manifest
     assert m["duplicates_dropped"] == 1 and m["playlists_with_several_users"] == 1
+    # what each cleaning step removed (QA: only duplicates were counted): P2 has 5 songs left
+    assert m["cleaning"] == {"duplicate_rows": 1, "outlier_rows": 0, "kcore_rows": 0,
+                             "playlists_in": 2, "playlists_kept": 2}
+    assert any(s.startswith("cleaning removed 1 duplicate row(s), 0 over") for s in said)
     # said on stderr too (QA: every user's "Favorites" merged into one playlist in silence)
     assert [s for s in said if "with several users" in s] == [
         "warning: 1 of 2 playlist ids come with several users; a playlist is its id alone (its "
@@ -443,3 +447,17 @@ def test_song_names_follow_ids_read_with_cleaning(tmp_path, form):
     for track, name in zip(songs["track_id"], songs["track_name"], strict=True):
         number = int(track[1:] if key == "t{}" else track)
         assert track == key.format(number) and name == f"Name {number}"
+
+
+def test_the_manifest_counts_what_each_cleaning_step_removed(tmp_path):
+    """Outliers first (a 10-song playlist over --max-playlist-songs 8), then the k-core (a
+    3-song playlist under --min-songs 5): their rows counted apart, with the playlists kept."""
+    rows = [("A", "P1", f"t{i}") for i in range(6)] + [("A", "P4", f"t{i}") for i in range(6)]
+    rows += [("B", "P2", f"t{i}") for i in range(3)] + [("C", "P3", f"t{i}") for i in range(10)]
+    path = tmp_path / "in.csv"
+    pl.DataFrame(rows, schema=["user_id", "playlist_id", "track_id"], orient="row").write_csv(path)
+    config = PrepConfig(negatives=3, max_playlist_songs=8)
+    m = prepare(path, tmp_path / "out", config=config).manifest
+    assert m["cleaning"] == {"duplicate_rows": 0, "outlier_rows": 10, "kcore_rows": 3,
+                             "playlists_in": 4, "playlists_kept": 2}
+    assert m["playlists"] == 2 and m["interactions"] == 12

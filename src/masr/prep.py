@@ -458,9 +458,17 @@ def _prepare(
         enc.playlist[rows], enc.playlist_owner, config.max_playlist_songs, config.max_user_playlists
     )
     rows = rows[~drop]
+    before_kcore = len(rows)
     rows = rows[
         kcore(enc.playlist[rows], enc.song[rows], config.min_songs, config.min_song_playlists)
     ]
+    # what each cleaning step removed, for the manifest and a line (QA: only duplicates were
+    # counted, so a user could not tell what the minimum length took from their data)
+    cleaning = {
+        "duplicate_rows": duplicates,
+        "outlier_rows": int(drop.sum()),
+        "kcore_rows": before_kcore - len(rows),
+    }
     if not len(rows):
         raise MasrError(
             f"{source}: nothing left after cleaning ({_settings(config)}); "
@@ -479,6 +487,15 @@ def _prepare(
     u_new[u_keep] = np.arange(len(u_keep))
     playlist = p_new[p_code]  # (N,) new playlist index
     n_playlists, n_users = len(p_keep), len(u_keep)
+    cleaning["playlists_in"] = len(enc.playlist_ids)
+    cleaning["playlists_kept"] = n_playlists
+    say(
+        f"cleaning removed {duplicates:,} duplicate row(s), {cleaning['outlier_rows']:,} over "
+        f"--max-playlist-songs / --max-user-playlists and {cleaning['kcore_rows']:,} by the "
+        f"k-core (--min-songs {config.min_songs}, --min-song-playlists "
+        f"{config.min_song_playlists}): {n_playlists:,} of {len(enc.playlist_ids):,} playlists "
+        "kept"
+    )
 
     # 3. split (rows are sorted by playlist, then song: input row order does not matter)
     indptr = np.zeros(n_playlists + 1, dtype=np.int64)
@@ -573,6 +590,7 @@ def _prepare(
         "checksum": raw.checksum,
         "columns": columns.as_dict(),
         "duplicates_dropped": duplicates,
+        "cleaning": cleaning,
         "playlists_with_several_users": enc.shared_playlists,
         "sequence": "position" if position is not None else "input order",
         # the input column the order came from (``--position-col``; "position" by default)
