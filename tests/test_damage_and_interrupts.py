@@ -184,3 +184,91 @@ def test_a_folder_replaced_while_it_is_read_is_one_line(tmp_path: Path, monkeypa
     monkeypatch.setattr(masr.dataset.pl, "read_parquet", replaced_meanwhile)
     with pytest.raises(MasrError, match="replaced while it was read"):
         load_prepared(data)
+
+
+def _cut(path: Path) -> None:
+    """Cut a file to half its size (a copy stopped, a full disk)."""
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_resume_with_best_pt_cut_short_or_missing_is_refused_before_training(
+    tmp_path: Path,
+) -> None:
+    """QA: best.pt cut short, `--resume` trained on; with no better epoch it then failed at
+    the end with one line and no advice, the run marked failed, and every later --resume did
+    the same. best.pt alone holds the best epoch so far: --resume refuses it at once, with the
+    way out, which works. And an unfinished run whose last.pt is cut short, trained again
+    without --resume, is not said to be one --resume "would have continued" (it refuses it)."""
+    from conftest import write_planted
+
+    torch.set_num_threads(1)
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *TINY]
+    assert runner.invoke(app, base).exit_code == 0
+    best, last = runs / "mdr" / "best.pt", runs / "mdr" / "last.pt"
+    before = last.read_bytes()
+    _cut(best)
+    more = [*base, "--resume", "--epochs", "3"]  # a raised budget: --resume trains on
+    refused = runner.invoke(app, more)
+    assert refused.exit_code == 1
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "best.pt: damaged (cut short); --resume needs" in lines[0]
+    assert "without --resume, mdr is trained from the start" in lines[0]
+    assert last.read_bytes() == before  # nothing trained, nothing written
+    best.unlink()
+    missing = runner.invoke(app, more)
+    assert missing.exit_code == 1 and "best.pt: missing; --resume needs" in missing.stderr
+    again = runner.invoke(app, [*base, "--epochs", "3"])  # the advice
+    assert again.exit_code == 0, again.stderr
+    # an unfinished run with last.pt cut short: --resume refuses it, so it is not offered
+    info = json.loads((runs / "mdr" / "run.json").read_text())
+    info["status"] = "interrupted"
+    (runs / "mdr" / "run.json").write_text(json.dumps(info))
+    _cut(last)
+    restarted = runner.invoke(app, [*base, "--epochs", "3"])
+    assert restarted.exit_code == 0, restarted.stderr
+    assert "mdr: starting again; the unfinished run" in restarted.stderr
+    assert "--resume would have continued it" not in restarted.stderr
+
+
+def test_a_part_made_again_is_not_said_to_be_asked_for_and_export_names_a_bad_run_json(
+    tmp_path: Path,
+) -> None:
+    """QA: `masr train --model masr` with mass/best.pt missing said "mass: replacing the
+    finished run in ...: asked for" (masr was asked for; mass's best.pt was gone), and after a
+    damaged one, under "is damaged ...; making it again", the same. And `masr export` with
+    masr/run.json damaged said "no masr run to take α from": the run is there, its α unread."""
+    from conftest import write_planted
+
+    from masr.export import export_model
+
+    torch.set_num_threads(1)
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["train", "--model", "masr", "--data", str(data), "--runs", str(runs), *TINY]
+    assert runner.invoke(app, base).exit_code == 0
+    (runs / "mass" / "best.pt").unlink()
+    said = runner.invoke(app, base)
+    assert said.exit_code == 0, said.stderr
+    assert "mass: replacing the finished run in" in said.stderr
+    assert f"{runs / 'mass'}: its best.pt is missing" in said.stderr
+    assert "asked for" not in said.stderr
+    _cut(runs / "mass" / "best.pt")
+    said = runner.invoke(app, base)
+    assert said.exit_code == 0, said.stderr
+    assert "best.pt is damaged (cut short); making it again" in said.stderr
+    assert "mass: replacing the finished run in" in said.stderr
+    assert "mass: replacing the finished run in " + str(runs / "mass") + ": asked" not in (
+        said.stderr
+    )
+    direct = runner.invoke(app, ["train", "--model", "mdr", "--data", str(data), "--runs",
+                                 str(runs), *TINY])
+    assert direct.exit_code == 0 and "mdr: replacing the finished run in" in direct.stderr
+    assert "asked for" in direct.stderr  # the run the command named
+    run_json = runs / "masr" / "run.json"
+    run_json.write_text(run_json.read_text()[:100])
+    notes: list[str] = []
+    export_model(runs, tmp_path / "m.onnx", log=notes.append)
+    assert any(f"{run_json}: unreadable" in n and "its α cannot be read" in n for n in notes)
+    assert not any("no masr run to take α from" in n for n in notes)

@@ -92,13 +92,20 @@ def fusion_alpha(runs_dir: str | Path, kind: str) -> tuple[float | None, str | N
     ``masr train --alpha`` gave it (or ``--alpha auto`` chose), which the export serves when it
     reads the parts' own checkpoints. None with a note when that run was made from parts
     trained again since (its α was meant for the former ones); None alone without a run."""
-    from masr.runs.store import earlier_parts, read_run_json
+    from masr.runs.store import earlier_parts, parse_run_json
 
     fusion_run = _KIND_RUNS[kind][2]
     if fusion_run is None:
         return None, None
     run_dir = Path(runs_dir) / fusion_run
-    info = read_run_json(run_dir) or {}
+    info, why = parse_run_json(run_dir)
+    if why is not None and (run_dir / "best.pt").is_file():
+        # the run is there, its α not readable (QA: said "no amasr run to take α from")
+        return None, (
+            f"note: {run_dir / 'run.json'}: {why}, so its α cannot be read; exporting the "
+            f"paper's α (`masr train --model {fusion_run}` fuses the parts again; or --alpha)"
+        )
+    info = info or {}
     if "alpha" not in info or not (run_dir / "best.pt").is_file():
         return None, None
     if earlier_parts(run_dir, info):

@@ -43,6 +43,7 @@ from masr.runs.store import (
     checkpoint_damage,
     clear,
     earlier_parts,
+    intact_checkpoint,
     load_run,
     now,
     parse_run_json,
@@ -333,6 +334,7 @@ def _build(
             resume_state = load_checkpoint(run_dir / "last.pt")
         except MasrError as exc:  # cut short or changed: what is left is to start again
             raise MasrError(f"{exc}; without --resume, {run} is trained from the start") from None
+        _check_best_kept(run, run_dir, resume_state)
         _check_resumable(run, run_dir, resume_state, train_cfg, spec.procedure == "apr")
         model = build_model(resume_state, device)
         log(f"{run}: resuming {run_dir} after epoch {resume_state['epoch']}")
@@ -358,8 +360,9 @@ def _build(
             # parts it started from at the best epochs they had then
             recorded = info.get("start_epochs")
             would = (
-                (run_dir / "last.pt").is_file()
-                and done <= train_cfg.epochs
+                intact_checkpoint(run_dir / "last.pt")
+                and intact_checkpoint(run_dir / "best.pt")  # what --resume needs (QA: said
+                and done <= train_cfg.epochs  # of a last.pt cut short, which it refuses)
                 and resumable(made) == resumable(sig)
                 and (recorded is None or recorded == start_epochs)
             )
@@ -369,8 +372,15 @@ def _build(
         if info is not None and info.get("status") == "finished":
             # say so before a finished run (maybe hours of training) is overwritten
             changed = read_differences(made, sig)
-            why = f"other data or options ({', '.join(changed[:4])})" if changed else "asked for"
-            log(f"{run}: replacing the finished run in {run_dir}: {why}")
+            if changed:
+                why = f": other data or options ({', '.join(changed[:4])})"
+            elif target:
+                why = ": asked for"
+            elif not (run_dir / "best.pt").is_file():
+                why = ": its best.pt is missing"
+            else:  # a part whose best.pt is damaged, or made from earlier parts: said above
+                why = ""  # (QA: "asked for" of a part the command did not name)
+            log(f"{run}: replacing the finished run in {run_dir}{why}")
         clear(run_dir)
     started = time.perf_counter()
     info = {
@@ -494,6 +504,26 @@ def _held_history(last: Path) -> list[dict[str, Any]] | None:
         return list(state.get("history", []))
     except BaseException:  # noqa: BLE001 - damaged, or a second Ctrl-C: run.json's count stands
         return None
+
+
+def _check_best_kept(run: str, run_dir: Path, state: dict[str, Any]) -> None:
+    """Refuse a --resume whose best.pt is missing or damaged: it alone holds the best epoch so
+    far (last.pt the last one), so a resumed run that found no better epoch ended on it (QA:
+    best.pt cut short, --resume trained on, then failed at the end with no advice, the run
+    marked failed, and every later --resume the same)."""
+    best = run_dir / "best.pt"
+    if not best.is_file():
+        problem = "missing"
+    elif (damage := checkpoint_damage(best)) is not None:
+        problem = f"damaged ({damage})"
+    else:
+        return
+    epoch = state.get("best_epoch")
+    holds = f" (epoch {epoch})" if epoch else ""
+    raise MasrError(
+        f"{best}: {problem}; --resume needs the best epoch so far{holds} it holds; without "
+        f"--resume, {run} is trained from the start"
+    )
 
 
 def _check_resumable(
