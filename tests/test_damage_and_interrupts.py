@@ -237,7 +237,8 @@ def test_a_part_made_again_is_not_said_to_be_asked_for_and_export_names_a_bad_ru
 ) -> None:
     """QA: `masr train --model masr` with mass/best.pt missing said "mass: replacing the
     finished run in ...: asked for" (masr was asked for; mass's best.pt was gone), and after a
-    damaged one, under "is damaged ...; making it again", the same. And `masr export` with
+    damaged one, under "is damaged ...; making it again", the same (and under --resume it was
+    resumed instead, then failed on that best.pt). And `masr export` with
     masr/run.json damaged said "no masr run to take α from": the run is there, its α unread."""
     from conftest import write_planted
 
@@ -255,7 +256,7 @@ def test_a_part_made_again_is_not_said_to_be_asked_for_and_export_names_a_bad_ru
     assert f"{runs / 'mass'}: its best.pt is missing" in said.stderr
     assert "asked for" not in said.stderr
     _cut(runs / "mass" / "best.pt")
-    said = runner.invoke(app, base)
+    said = runner.invoke(app, [*base, "--resume"])  # a finished part: made again, not resumed
     assert said.exit_code == 0, said.stderr
     assert "best.pt is damaged (cut short); making it again" in said.stderr
     assert "mass: replacing the finished run in" in said.stderr

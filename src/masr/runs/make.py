@@ -325,6 +325,15 @@ def _build(
             f"{recorded} -> {start_epochs}); starting it again from the new best"
         )
         can_resume = False
+    if (
+        can_resume
+        and not target
+        and (info or {}).get("status") == "finished"
+        and same_signature((info or {}).get("signature"), sig)
+        and not intact_checkpoint(run_dir / "best.pt")
+    ):
+        can_resume = False  # a finished part whose best.pt is gone: made again, as `reusable`
+        # said ("making it again"; QA: then resumed, and failed on that best.pt at the end)
     if resume and (target or info is not None) and not (run_dir / "last.pt").is_file():
         # the run named, or a part begun before that stopped in its first epoch (a part never
         # begun just starts: a chain interrupted early would say this of every later part)
