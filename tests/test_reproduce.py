@@ -526,6 +526,7 @@ def test_epoch_seconds_follows_the_latest_process_count(tmp_path):
     assert speed["mass"]["processes"] == 2 and speed["mass"]["epochs"] == 2
     assert speed["mass"]["seconds_per_epoch"] == pytest.approx(5.0)
     assert len(said) == 1 and "1 of its epochs trained with another process count" in said[0]
+    assert said[0].endswith("is the mean of the 2 trained with 2 processes")
     for h in history:  # one count throughout: every epoch, nothing said
         h["processes"] = 1
     (run / "run.json").write_text(json.dumps(info))

@@ -330,10 +330,11 @@ def epoch_seconds(
             continue
         processes = timed[-1][1]
         times = [t for t, n in timed if n == processes]
-        if len(times) < len(timed):
+        if len(times) < len(timed):  # the count named (QA: said "that of the 3 with 2")
             say(
                 f"note: {run_dir}: {len(timed) - len(times)} of its epochs trained with another "
-                f"process count; its epoch time is that of the {len(times)} with {processes}"
+                f"process count; its epoch time is the mean of the {len(times)} trained with "
+                f"{processes} process{'' if processes == 1 else 'es'}"
             )
         out[key] = {
             "seconds_per_epoch": round(float(np.mean(times)), 4),
