@@ -273,3 +273,12 @@ def test_a_part_made_again_is_not_said_to_be_asked_for_and_export_names_a_bad_ru
     export_model(runs, tmp_path / "m.onnx", log=notes.append)
     assert any(f"{run_json}: unreadable" in n and "its α cannot be read" in n for n in notes)
     assert not any("no masr run to take α from" in n for n in notes)
+    # a part's best.pt cut short: one line with the way out (QA: "not a readable masr
+    # checkpoint" alone)
+    import pytest
+
+    from masr.errors import MasrError
+
+    _cut(runs / "mdr" / "best.pt")
+    with pytest.raises(MasrError, match=r"mdr/best.pt: damaged \(cut short\).*train mdr again"):
+        export_model(runs, tmp_path / "n.onnx")

@@ -126,7 +126,13 @@ def load_sources(
     alpha: float | None = None
     described, fingerprints = [], set()
     for source in sources:
-        ckpt = load_checkpoint(source.path)
+        try:
+            ckpt = load_checkpoint(source.path)
+        except MasrError as exc:  # the way out, as evaluate says it (QA: none was said)
+            raise MasrError(
+                f"{exc}; train {source.run} again (`masr train --model {source.run}` with the "
+                "options it was made with)"
+            ) from None
         described.append(source.describe(ckpt))
         fingerprints.add(str(ckpt.get("data_fingerprint")))
         model = build_model(ckpt)
