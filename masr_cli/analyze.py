@@ -250,7 +250,8 @@ def speed(
     Reads the per-epoch training time in each run.json (validation excluded); fitted and fused
     runs have no epochs and are left out. Compare only runs trained on the same data and
     device, with the same number of processes: the JSON records each run's device and
-    torchrun's data-parallel processes (1 when not under torchrun).
+    torchrun's data-parallel processes (1 when not under torchrun). A run resumed with another
+    number of processes is timed by the epochs of its latest number alone (stderr says so).
 
     Examples:
 
