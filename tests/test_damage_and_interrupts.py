@@ -273,6 +273,10 @@ def test_a_part_made_again_is_not_said_to_be_asked_for_and_export_names_a_bad_ru
     export_model(runs, tmp_path / "m.onnx", log=notes.append)
     assert any(f"{run_json}: unreadable" in n and "its α cannot be read" in n for n in notes)
     assert not any("no masr run to take α from" in n for n in notes)
+    run_json.unlink()  # a fusion killed between its best.pt and its run.json
+    notes.clear()
+    export_model(runs, tmp_path / "m.onnx", log=notes.append)
+    assert any(f"{run_json}: missing, so its α cannot be read" in n for n in notes)
     # a part's best.pt cut short: one line with the way out (QA: "not a readable masr
     # checkpoint" alone)
     import pytest

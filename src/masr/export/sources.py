@@ -99,6 +99,8 @@ def fusion_alpha(runs_dir: str | Path, kind: str) -> tuple[float | None, str | N
         return None, None
     run_dir = Path(runs_dir) / fusion_run
     info, why = parse_run_json(run_dir)
+    if info is None and why is None:  # no run.json beside a best.pt: a fusion killed between
+        why = "missing"  # the two writes (evaluate serves that best.pt's α)
     if why is not None and (run_dir / "best.pt").is_file():
         # the run is there, its α not readable (QA: said "no amasr run to take α from")
         return None, (
