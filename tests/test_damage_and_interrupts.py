@@ -286,3 +286,34 @@ def test_a_part_made_again_is_not_said_to_be_asked_for_and_export_names_a_bad_ru
     _cut(runs / "mdr" / "best.pt")
     with pytest.raises(MasrError, match=r"mdr/best.pt: damaged \(cut short\).*train mdr again"):
         export_model(runs, tmp_path / "n.onnx")
+
+
+def test_resume_refuses_a_patience_that_would_have_stopped_the_run_earlier(
+    tmp_path: Path,
+) -> None:
+    """QA: a run trained with --patience 4 to epoch 11 (best 7), resumed with --patience 2,
+    was recorded as a patience-2 run of 11 epochs (one made with --patience 2 stops after 9),
+    so a later command asking for --patience 2 reused a run its options do not make. Refused,
+    as a lowered --epochs or --time-limit is, naming the least patience that continues."""
+    import pytest
+
+    from masr.config import TrainConfig
+    from masr.errors import MasrError
+    from masr.runs.make import _check_resumable
+
+    flags = [True, True, False, True, False, False, False]  # bad stretches of 1, then 3
+    state = {"epoch": 7, "seconds": 1.0, "train_config": {"patience": 5},
+             "history": [{"epoch": i, "best": b} for i, b in enumerate(flags, 1)]}
+    run_dir = tmp_path / "mdr"
+    for patience in (0, 3, 5):  # never, the stretch the run ended on, more: it continues
+        _check_resumable("mdr", run_dir, state, TrainConfig(epochs=10, patience=patience), False)
+    stopped = r"--patience 2 .*would have stopped .* after epoch 6, .*--patience 3 or more"
+    with pytest.raises(MasrError, match=stopped):
+        _check_resumable("mdr", run_dir, state, TrainConfig(epochs=10, patience=2), False)
+    flags[4:] = [False, False, False, False, True]  # a stretch of 4 before a better epoch
+    state["history"] = [{"epoch": i, "best": b} for i, b in enumerate(flags, 1)]
+    state["epoch"] = len(flags)
+    with pytest.raises(MasrError, match=r"after epoch 7, .*--patience 5 or more"):
+        _check_resumable("mdr", run_dir, state, TrainConfig(epochs=10, patience=3), False)
+    old = {**state, "history": [{"epoch": i} for i in range(1, 10)]}  # no "best": not checked
+    _check_resumable("mdr", run_dir, old, TrainConfig(epochs=10, patience=1), False)

@@ -553,6 +553,25 @@ def _check_resumable(
             f"is below the {trained} epoch(s) {run_dir} has trained; --resume continues with "
             f"{option} {trained} or more (drop --resume to train it again)"
         )
+    history = state.get("history") or []
+    if config.patience > 0 and all("best" in h for h in history):
+        # a lowered --patience: the run must not hold epochs it would have stopped before
+        # (QA: --patience 4 to epoch 11, then --resume --patience 2 recorded a patience-2 run
+        # of 11 epochs; one made with --patience 2 stops after 9)
+        bad, stops, needed = 0, None, 1  # needed: the least patience that trains them all
+        for done, record in enumerate(history, 1):
+            bad = 0 if record["best"] else bad + 1
+            if done < len(history):
+                needed = max(needed, bad + 1)
+                if bad >= config.patience and stops is None:
+                    stops = done
+        if stops is not None:
+            raise MasrError(
+                f"{run}: --patience {config.patience} (given, or saved with the run --resume "
+                f"continues) would have stopped {run_dir} after epoch {stops}, and it has "
+                f"trained {len(history)}; --resume continues with --patience {needed} or more "
+                "(drop --resume to train it again)"
+            )
     spent = float(state.get("seconds", 0.0))
     before = saved_time_limit(state)
     lowered = before == 0 or config.time_limit < before  # a raised limit just trains on
