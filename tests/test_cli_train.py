@@ -1068,3 +1068,21 @@ def test_lines_stay_whole_when_stderr_is_a_log(tmp_path: Path) -> None:
                 "--valid-sample", "5", "--threads", "1"])
     (note,) = [line for line in said.stderr.splitlines() if line.startswith("note: the full")]
     assert len(note) > 80 and note.endswith("ranks them all")
+
+
+def test_the_stop_line_says_which_epoch_the_time_limit_cut() -> None:
+    """QA: "stopped by --time-limit 5 after 2 epoch(s)" of which the second had run 44 of its 57
+    steps: only run.json said so. The line names the cut."""
+    from types import SimpleNamespace
+
+    from masr.config import TrainConfig
+    from masr.runs.make import stop_reason
+
+    config = TrainConfig(time_limit=5.0)
+    cut = SimpleNamespace(history=[{"epoch": 1}, {"epoch": 2, "steps": "44/57"}], best_epoch=2,
+                          stopped_early=True, extra={"stopped_by_time_limit": True})
+    assert stop_reason(cut, config) == (
+        "stopped by --time-limit 5 after 2 epoch(s), the last cut at step 44/57; best epoch 2"
+    )
+    whole = SimpleNamespace(**{**vars(cut), "history": [{"epoch": 1}, {"epoch": 2}]})
+    assert stop_reason(whole, config) == "stopped by --time-limit 5 after 2 epoch(s); best epoch 2"
