@@ -317,3 +317,28 @@ def test_resume_refuses_a_patience_that_would_have_stopped_the_run_earlier(
         _check_resumable("mdr", run_dir, state, TrainConfig(epochs=10, patience=3), False)
     old = {**state, "history": [{"epoch": i} for i in range(1, 10)]}  # no "best": not checked
     _check_resumable("mdr", run_dir, old, TrainConfig(epochs=10, patience=1), False)
+
+
+def test_resume_with_a_damaged_run_json_is_refused_and_last_pt_kept(tmp_path: Path) -> None:
+    """QA: run.json cut short, `--resume` warned and trained the run again from the start,
+    over the last.pt it had asked to continue. It is refused in one line, last.pt untouched;
+    the way out (without --resume) trains it again."""
+    from conftest import write_planted
+
+    torch.set_num_threads(1)
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["train", "--model", "mdr", "--data", str(data), "--runs", str(runs), *TINY]
+    assert runner.invoke(app, base).exit_code == 0
+    last = runs / "mdr" / "last.pt"
+    before = last.read_bytes()
+    _cut(runs / "mdr" / "run.json")
+    refused = runner.invoke(app, [*base, "--resume"])
+    assert refused.exit_code == 1
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "run.json: unreadable" in lines[0]
+    assert "--resume cannot tell what mdr was made with" in lines[0]
+    assert last.read_bytes() == before
+    again = runner.invoke(app, base)  # the advice
+    assert again.exit_code == 0, again.stderr
+    assert json.loads((runs / "mdr" / "run.json").read_text())["status"] == "finished"

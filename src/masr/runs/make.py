@@ -200,6 +200,13 @@ def _make(
         if world().is_main and remove_temp_entries(run_dir):
             log(f"{run}: removed the temporary files of an earlier, killed masr train")
         info, why = parse_run_json(run_dir)  # read again, under the lock
+        if why is not None and resume and (run_dir / "last.pt").is_file():
+            # --resume asked to keep last.pt's epochs: refused, not trained over (QA: a cut
+            # run.json made the run again from the start, its last.pt lost)
+            raise MasrError(
+                f"{run_dir / 'run.json'}: {why}; --resume cannot tell what {run} was made "
+                f"with; without --resume, {run} is trained from the start"
+            )
         if why is not None:  # said before its checkpoints are replaced
             log(f"warning: {run_dir / 'run.json'}: {why}; {run} is made again from the start")
         return _build(
