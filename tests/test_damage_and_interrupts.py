@@ -342,3 +342,32 @@ def test_resume_with_a_damaged_run_json_is_refused_and_last_pt_kept(tmp_path: Pa
     again = runner.invoke(app, base)  # the advice
     assert again.exit_code == 0, again.stderr
     assert json.loads((runs / "mdr" / "run.json").read_text())["status"] == "finished"
+
+
+def test_a_chain_part_with_a_damaged_best_pt_is_made_again_under_a_raised_resume(
+    tmp_path: Path,
+) -> None:
+    """Review: a finished chain part whose best.pt is cut short, under `--resume --epochs 3`
+    (a raised budget, so another signature), was refused mid-chain after mdr had trained on;
+    it is made again, as "making it again" says. A part's refusal names that part's own way
+    out, not a chain without --resume (which restarts every unfinished part)."""
+    from conftest import write_planted
+
+    torch.set_num_threads(1)
+    data = write_planted(tmp_path / "data")
+    runs = tmp_path / "runs"
+    base = ["train", "--model", "masr", "--data", str(data), "--runs", str(runs), *TINY]
+    assert runner.invoke(app, base).exit_code == 0
+    _cut(runs / "mass" / "best.pt")
+    more = runner.invoke(app, [*base, "--resume", "--epochs", "3"])
+    assert more.exit_code == 0, more.stderr
+    assert json.loads((runs / "mass" / "run.json").read_text())["status"] == "finished"
+    # an unfinished part (mdr) with a cut run.json: refused, with that part's way out
+    info = json.loads((runs / "mdr" / "run.json").read_text())
+    info["status"] = "interrupted"
+    (runs / "mdr" / "run.json").write_text(json.dumps(info))
+    _cut(runs / "mdr" / "run.json")
+    refused = runner.invoke(app, [*base, "--resume", "--epochs", "4"])
+    assert refused.exit_code == 1
+    assert "train mdr again alone (masr train --model mdr" in refused.stderr
+    assert "then --resume continues the rest" in refused.stderr

@@ -205,7 +205,7 @@ def _make(
             # run.json made the run again from the start, its last.pt lost)
             raise MasrError(
                 f"{run_dir / 'run.json'}: {why}; --resume cannot tell what {run} was made "
-                f"with; without --resume, {run} is trained from the start"
+                f"with; {_restart_advice(run, target)}"
             )
         if why is not None:  # said before its checkpoints are replaced
             log(f"warning: {run_dir / 'run.json'}: {why}; {run} is made again from the start")
@@ -335,12 +335,12 @@ def _build(
     if (
         can_resume
         and not target
-        and (info or {}).get("status") == "finished"
-        and same_signature((info or {}).get("signature"), sig)
+        and info.get("status") == "finished"
         and not intact_checkpoint(run_dir / "best.pt")
     ):
         can_resume = False  # a finished part whose best.pt is gone: made again, as `reusable`
-        # said ("making it again"; QA: then resumed, and failed on that best.pt at the end)
+        # said ("making it again"; QA: then resumed, and failed on that best.pt at the end;
+        # review: a raised --epochs changed the signature and it was refused mid-chain)
     if resume and (target or info is not None) and not (run_dir / "last.pt").is_file():
         # the run named, or a part begun before that stopped in its first epoch (a part never
         # begun just starts: a chain interrupted early would say this of every later part)
@@ -349,8 +349,8 @@ def _build(
         try:
             resume_state = load_checkpoint(run_dir / "last.pt")
         except MasrError as exc:  # cut short or changed: what is left is to start again
-            raise MasrError(f"{exc}; without --resume, {run} is trained from the start") from None
-        _check_best_kept(run, run_dir, resume_state)
+            raise MasrError(f"{exc}; {_restart_advice(run, target)}") from None
+        _check_best_kept(run, run_dir, resume_state, target)
         _check_resumable(run, run_dir, resume_state, train_cfg, spec.procedure == "apr")
         model = build_model(resume_state, device)
         log(f"{run}: resuming {run_dir} after epoch {resume_state['epoch']}")
@@ -375,16 +375,16 @@ def _build(
             # value the run reads the same (QA: said after --temperature 0.5 too), and the
             # parts it started from at the best epochs they had then
             recorded = info.get("start_epochs")
-            would = (
-                intact_checkpoint(run_dir / "last.pt")
-                and intact_checkpoint(run_dir / "best.pt")  # what --resume needs (QA: said
-                and done <= train_cfg.epochs  # of a last.pt cut short, which it refuses)
+            would = (  # the cheap conditions first: the checkpoints are read whole
+                command == "masr train"
+                and done <= train_cfg.epochs
                 and resumable(made) == resumable(sig)
                 and (recorded is None or recorded == start_epochs)
+                and intact_checkpoint(run_dir / "last.pt")  # what --resume needs (QA: said
+                and intact_checkpoint(run_dir / "best.pt")  # of a last.pt cut short)
             )
             log(f"{run}: starting again; the unfinished run in {run_dir} ({done} epoch(s)) is "
-                "replaced" + (" (--resume would have continued it)"
-                              if command == "masr train" and would else ""))
+                "replaced" + (" (--resume would have continued it)" if would else ""))
         if info is not None and info.get("status") == "finished":
             # say so before a finished run (maybe hours of training) is overwritten
             changed = read_differences(made, sig)
@@ -528,7 +528,19 @@ def _held_history(last: Path) -> list[dict[str, Any]] | None:
         return None
 
 
-def _check_best_kept(run: str, run_dir: Path, state: dict[str, Any]) -> None:
+def _restart_advice(run: str, target: bool) -> str:
+    """The way out of a --resume refused for ``run``: the run the command named is trained from
+    the start without --resume; a part of a chain alone, so that the chain's other unfinished
+    runs keep their epochs (review: dropping --resume restarted them all)."""
+    if target:
+        return f"without --resume, {run} is trained from the start"
+    return (
+        f"train {run} again alone (masr train --model {run} with the same options, without "
+        "--resume), then --resume continues the rest"
+    )
+
+
+def _check_best_kept(run: str, run_dir: Path, state: dict[str, Any], target: bool) -> None:
     """Refuse a --resume whose best.pt is missing or damaged: it alone holds the best epoch so
     far (last.pt the last one), so a resumed run that found no better epoch ended on it (QA:
     best.pt cut short, --resume trained on, then failed at the end with no advice, the run
@@ -543,8 +555,8 @@ def _check_best_kept(run: str, run_dir: Path, state: dict[str, Any]) -> None:
     epoch = state.get("best_epoch")
     holds = f" (epoch {epoch})" if epoch else ""
     raise MasrError(
-        f"{best}: {problem}; --resume needs the best epoch so far{holds} it holds; without "
-        f"--resume, {run} is trained from the start"
+        f"{best}: {problem}; --resume needs the best epoch so far{holds} it holds; "
+        + _restart_advice(run, target)
     )
 
 
