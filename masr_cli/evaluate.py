@@ -136,7 +136,7 @@ def command(
     from masr.atomic import check_creatable, check_not_inside, check_output_file
     from masr.dataset import load_prepared
     from masr.errors import MasrError
-    from masr.figures import have_matplotlib, pyplot
+    from masr.figures import pyplot
     from masr.report import (
         comparison_rows,
         evaluate_runs,
@@ -164,7 +164,7 @@ def command(
             check_not_inside(path, data, option)
             check_not_run_file(path, option)  # QA: --json runs/mdr/best.pt replaced it
             check_creatable(path, option)  # QA: --json /sys/x.json failed after the work
-    if plot is not None and not have_matplotlib():  # QA: said after the whole evaluation
+    if plot is not None:  # QA: a missing matplotlib was said after the whole evaluation
         pyplot("--plot")  # the one error line naming the optional extra
     prepared = load_prepared(data)
     log = log_after(cpu_threads_line(threads, device.value))

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from masr.synth import SynthConfig, write_synthetic
+from masr.synth import MPD_SONGS_PER_PLAYLIST, SynthConfig, write_synthetic
 from masr_cli._common import log_line
 
 NAME = "synth"
@@ -38,8 +38,8 @@ def command(
         typer.Option(
             help="Million-Playlist-Dataset shape with this many playlists, one user each (with "
             "--users: spread over them, 1 + Poisson per user, so about this many): catalog "
-            "2.26 songs per playlist (at least 200), lengths 5..250 with mean 66, power-law "
-            "popularity.",
+            f"{MPD_SONGS_PER_PLAYLIST:g} songs per playlist (at least 200), lengths 5..250 with "
+            "mean 66, power-law popularity.",
             show_default=False,
         ),
     ] = None,
@@ -48,7 +48,8 @@ def command(
         typer.Option(
             help="Catalog size (songs that can be drawn). Default: "
             f"{SynthConfig.songs_per_user:g} per user, at least 200 ({SynthConfig().n_songs:,} "
-            f"for the default {SynthConfig.users} users); with --playlists, 2.26 per playlist.",
+            f"for the default {SynthConfig.users} users); with --playlists, "
+            f"{MPD_SONGS_PER_PLAYLIST:g} per playlist.",
             show_default=False,
         ),
     ] = None,

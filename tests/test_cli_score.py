@@ -717,7 +717,7 @@ def test_score_refuses_an_unreadable_input_before_writing_anything(
     empty.write_text("\n".join([*lines[:3000], "u0,,s3", *lines[3000:]]) + "\n")
     # to stdout in chunks of 1,000 rows: the playlists before the bad spot would be written
     for bad, why in ((cut, "unreadable or malformed file"),
-                     (empty, r"1 row\(s\) have an empty playlist id")):
+                     (empty, r"1 row\(s\) have no playlist id \(empty or \\N")):
         with pytest.raises(MasrError, match=why):
             score_file(bad, model, None, ScoreConfig(read_rows=1000))
         assert capsysbinary.readouterr().out == b"", bad
@@ -750,7 +750,7 @@ def test_score_reads_a_database_null_mark_as_a_missing_id(tmp_path: Path, model:
     result = runner.invoke(app, ["score", str(src), "--model", str(model)])
     assert result.exit_code == 1 and result.stdout == ""
     # where the first is, as masr prep says it (QA: prep's line named the row, score's not)
-    assert "2 row(s) have an empty playlist id (first at data row 5)" in result.stderr
+    assert "2 row(s) have no playlist id (empty or \\N; first at data row 5)" in result.stderr
 
 
 def test_export_out_inside_the_prepared_data_is_refused(tmp_path: Path, runs: Path) -> None:

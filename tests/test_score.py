@@ -346,7 +346,7 @@ def test_k_larger_than_the_free_catalog_returns_what_is_left(
             lambda d: write_csv(d / "c.csv", [("a", "b")], "user_id,playlist_id"),
             "missing column 'track_id'.*--track-col",
         ),
-        (lambda d: write_csv(d / "n.csv", [("u0", "", "s1")]), "empty playlist id"),
+        (lambda d: write_csv(d / "n.csv", [("u0", "", "s1")]), "no playlist id \\(empty"),
     ],
 )
 def test_bad_input_is_one_clear_error_and_no_output(
@@ -470,7 +470,7 @@ def test_blank_ids_are_missing_ones_as_empty_fields_are(
     assert (tmp_path / "q.csv").read_text() == (tmp_path / "e.csv").read_text()
     nameless = tmp_path / "nameless.csv"
     nameless.write_text(header + f"u0,{blank},s1\n")
-    with pytest.raises(MasrError, match="1 row\\(s\\) have an empty playlist id"):
+    with pytest.raises(MasrError, match="1 row\\(s\\) have no playlist id"):
         score_file(nameless, exported, tmp_path / "n.csv", config)
     assert not (tmp_path / "n.csv").exists()
 

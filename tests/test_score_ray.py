@@ -155,7 +155,8 @@ def test_an_input_refused_by_the_first_pass_starts_no_cluster(
         result = runner.invoke(app, args)
         assert result.exit_code == 1 and result.stdout == "", result.stderr
         assert result.stderr == (
-            f"masr: error: {src}: 2 row(s) have an empty playlist id (first at data row 2)\n"
+            f"masr: error: {src}: 2 row(s) have no playlist id (empty or \\N; first at data "
+            "row 2)\n"
         )
     assert not (tmp_path / "parts").exists()
 

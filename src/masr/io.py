@@ -814,23 +814,18 @@ def _text_order(text: pl.Series, path: Path, name: str) -> pl.Series:
 
 def _check_ids(frame: pl.DataFrame, path: Path, wanted: dict[str, str]) -> None:
     """Null or blank ids are an error, and so is a database export's NULL mark ``\\N``:
-    naming the column and the first bad data row."""
-    bad = frame.select(
-        [(pl.col(k).is_null() | (pl.col(k).str.strip_chars() == "")).alias(k) for k in wanted]
-    )
-    counts = bad.sum().row(0)
-    for (key, name), n in zip(wanted.items(), counts, strict=False):
-        if n:
-            row = int(bad[key].arg_true()[0])
-            raise MasrError(
-                f"{path}: {n} row(s) have an empty {name!r} (first at data row {row + 1})"
-            )
-    marked = frame.select([(pl.col(k).str.strip_chars() == NULL_MARK).alias(k) for k in wanted])
-    counts = marked.sum().row(0)
-    for (key, name), n in zip(wanted.items(), counts, strict=False):
-        if n:
-            row = int(marked[key].arg_true()[0])
-            raise MasrError(
-                f"{path}: {n} row(s) have {NULL_MARK} (a database export's NULL) as {name!r} "
-                f"(first at data row {row + 1}); drop those rows first"
-            )
+    naming the column and the first bad data row (blank ones said first)."""
+    ids = frame.select(pl.col(k).str.strip_chars() for k in wanted)  # stripped once
+    blank = ids.select((pl.col(k).is_null() | (pl.col(k) == "")).alias(k) for k in wanted)
+    marked = ids.select((pl.col(k) == NULL_MARK).alias(k) for k in wanted)
+    for flags, what, advice in (
+        (blank, "an empty", ""),
+        (marked, f"{NULL_MARK} (a database export's NULL) as", "; drop those rows first"),
+    ):
+        for (key, name), n in zip(wanted.items(), flags.sum().row(0), strict=True):
+            if n:
+                row = int(flags[key].arg_true()[0])
+                raise MasrError(
+                    f"{path}: {n} row(s) have {what} {name!r} (first at data row {row + 1})"
+                    + advice
+                )

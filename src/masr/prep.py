@@ -470,9 +470,10 @@ def _prepare(
         "kcore_rows": before_kcore - len(rows),
     }
     if not len(rows):
-        raise MasrError(
-            f"{source}: nothing left after cleaning ({_settings(config)}); "
-            "lower the thresholds or check the columns"
+        raise MasrError(  # with what each step took (review: the breakdown came after it)
+            f"{source}: nothing left after cleaning ({_settings(config)}: {duplicates:,} "
+            f"duplicate, {cleaning['outlier_rows']:,} outlier and {cleaning['kcore_rows']:,} "
+            "k-core rows removed); lower the thresholds or check the columns"
         )
 
     # compact ids (order kept: sorted by id string)

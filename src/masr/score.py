@@ -521,8 +521,8 @@ def _first_pass(lf: pl.LazyFrame, path: Path, read_rows: int) -> bool:
         raise unreadable(path, exc, "unreadable or malformed file") from None
     if null_ids:
         raise MasrError(
-            f"{path}: {null_ids} row(s) have an empty playlist id (first at data row "
-            f"{first_null + 1})"
+            f"{path}: {null_ids} row(s) have no playlist id (empty or {NULL_MARK}; first at data "
+            f"row {first_null + 1})"
         )
     return adjacent
 
@@ -555,7 +555,9 @@ def _complete_playlists(batches: Iterable[pl.DataFrame], path: Path) -> Iterator
             any_rows = True
             nulls = frame["playlist"].is_null()
             if nulls.any():
-                raise MasrError(f"{path}: {int(nulls.sum())} row(s) have an empty playlist id")
+                raise MasrError(
+                    f"{path}: {int(nulls.sum())} row(s) have no playlist id (empty or {NULL_MARK})"
+                )
             if carry is not None:
                 frame = pl.concat([carry, frame])
             last = frame["playlist"][-1]

@@ -36,6 +36,8 @@ from masr.seed import check_seed
 COLUMNS = ("user_id", "playlist_id", "track_id", "position", "track_name", "artist_name")
 
 
+#: MPD's catalog per playlist (2.26M songs over 1M playlists): ``SynthConfig.sized``'s default
+MPD_SONGS_PER_PLAYLIST = 2.26
 #: the largest --users, --playlists or --songs ``masr synth`` makes
 SYNTH_MAX = 100_000_000
 
@@ -99,7 +101,7 @@ class SynthConfig:
             playlists_per_user=playlists / users,
             songs_per_playlist=mean_length,
             max_playlist_songs=max_length,
-            songs=max(200, round(2.26 * playlists)) if songs is None else songs,
+            songs=max(200, round(MPD_SONGS_PER_PLAYLIST * playlists)) if songs is None else songs,
             length_shape=1.2,
             draws_per_song=4,  # long playlists exhaust their artists' songs: draw more
             popularity_exponent=popularity_exponent,
