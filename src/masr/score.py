@@ -558,8 +558,9 @@ def _complete_playlists(batches: Iterable[pl.DataFrame], path: Path) -> Iterator
                 raise MasrError(
                     f"{path}: {int(nulls.sum())} row(s) have no playlist id (empty or {NULL_MARK})"
                 )
-            if carry is not None:
-                frame = pl.concat([carry, frame])
+            if carry is not None:  # rechunked: else the carry gains a chunk per read chunk,
+                # and each step slows with the rows read (QA: --read-rows 7, quadratic time)
+                frame = pl.concat([carry, frame], rechunk=True)
             last = frame["playlist"][-1]
             tail = frame["playlist"] == last
             carry, ready = frame.filter(tail), frame.filter(~tail)
