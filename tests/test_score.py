@@ -667,3 +667,17 @@ def test_complete_playlists_keep_one_chunk() -> None:
     assert pl.concat(out).rows() == rows  # every row, in order
     seen = [set(frame["playlist"]) for frame in out]  # each playlist whole in one frame
     assert sum(map(len, seen)) == len(set().union(*seen)) == 60
+
+
+def test_exported_readme_reads_metadata_with_onnx_runtime_alone(exported: Path) -> None:
+    """exported/README.md's metadata snippet for the scoring-only install (no `onnx` there)
+    runs as written and gives the keys of the JSON beside the model."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "exported" / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "get_modelmeta" in b]
+    assert len(blocks) == 1
+    scope: dict = {}
+    exec(blocks[0].replace('"exported/masr.onnx"', repr(str(exported))), scope)
+    side = json.loads(exported.with_name(exported.name + ".json").read_text())
+    assert {k: v for k, v in side.items() if k != "model_sha256"} == scope["meta"]
