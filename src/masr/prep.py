@@ -471,9 +471,10 @@ def _prepare(
     }
     if not len(rows):
         raise MasrError(  # with what each step took (review: the breakdown came after it)
-            f"{source}: nothing left after cleaning ({_settings(config)}: {duplicates:,} "
-            f"duplicate, {cleaning['outlier_rows']:,} outlier and {cleaning['kcore_rows']:,} "
-            "k-core rows removed); lower the thresholds or check the columns"
+            f"{source}: nothing left after cleaning ({_settings(config)}: "
+            f"{cleaning['duplicate_rows']:,} duplicate, {cleaning['outlier_rows']:,} outlier "
+            f"and {cleaning['kcore_rows']:,} k-core rows removed); lower the thresholds or "
+            "check the columns"
         )
 
     # compact ids (order kept: sorted by id string)

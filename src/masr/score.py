@@ -558,12 +558,13 @@ def _complete_playlists(batches: Iterable[pl.DataFrame], path: Path) -> Iterator
                 raise MasrError(
                     f"{path}: {int(nulls.sum())} row(s) have no playlist id (empty or {NULL_MARK})"
                 )
-            if carry is not None:  # rechunked: else the carry gains a chunk per read chunk,
-                # and each step slows with the rows read (QA: --read-rows 7, quadratic time)
-                frame = pl.concat([carry, frame], rechunk=True)
+            if carry is not None:
+                frame = pl.concat([carry, frame])
             last = frame["playlist"][-1]
             tail = frame["playlist"] == last
-            carry, ready = frame.filter(tail), frame.filter(~tail)
+            # the carry rechunked (it is small): else it gains a polars chunk per read chunk,
+            # and each step slows with the rows read (QA: --read-rows 7, quadratic time)
+            carry, ready = frame.filter(tail).rechunk(), frame.filter(~tail)
             if ready.height:
                 done = _check_new(ready, done, path)
                 yield ready
@@ -740,9 +741,9 @@ def plan_batches(
     piece_rank = np.empty(len(size), dtype=np.int64)
     piece_rank[np.lexsort((longest, -size))] = np.arange(len(size))  # big pieces first
     final = order[np.argsort(piece_rank[piece], kind="stable")]
-    # the unknown users' piece in calls of its own: the remainder of its last call filled with
-    # known users' pieces padded every one of them to its playlist count (QA: --batch-size 512,
-    # half of 20,000 playlists of new users, 5.9 GB peak RSS)
+    # the unknown users' piece in calls of its own (before, the rest of its last call held
+    # known users, each padded to the new users' playlist count; QA: --batch-size 512, half of
+    # 20,000 playlists of new users, 5.9 GB peak RSS)
     unknown = users[final] == UNKNOWN
     batches = [
         part[i : i + batch_size]
