@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from masr.config import RECIPES
 from masr.dataset import load_prepared
 from masr.evaluate import better, evaluate_model
 from masr.models import model_class, parse_settings
@@ -40,9 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="also score full ranking")
     parser.add_argument("--seed", type=int, default=0, help="seeds ALS's initial factors")
     parser.add_argument(
-        "--full-sample", type=int, default=2000,
+        "--full-sample", type=int, default=RECIPES["fullrank"]["train"]["valid_sample"],
         help="with --full: rank this many validation cases (seed 0; 0 = all), as masr train's "
-        "--valid-sample does",
+        "--valid-sample does under the default recipe",
     )
     parser.add_argument(
         "--select", choices=("sampled", "full"), default="sampled",

@@ -169,7 +169,8 @@ def command(
     check_candidates(meta, config, path)  # before the columns' line: a refusal stands alone
     columns = input_columns(path, given, log_line, metadata=meta)
     config = replace(config, columns=columns)
-    summary = score_file(input, model, out, config, log=log_line)  # `-` or a pipe: spooled
+    # `-` or a pipe: spooled; the metadata read and checked above, not again
+    summary = score_file(input, model, out, config, log=log_line, metadata=meta)
     console.print(summary.line(), highlight=False, soft_wrap=True)
     warning = summary.warning()
     if warning:

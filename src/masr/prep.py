@@ -492,8 +492,9 @@ def _prepare(
     cleaning["playlists_in"] = len(enc.playlist_ids)
     cleaning["playlists_kept"] = n_playlists
     say(
-        f"cleaning removed {duplicates:,} duplicate row(s), {cleaning['outlier_rows']:,} over "
-        f"--max-playlist-songs / --max-user-playlists and {cleaning['kcore_rows']:,} by the "
+        f"cleaning removed {cleaning['duplicate_rows']:,} duplicate row(s), "
+        f"{cleaning['outlier_rows']:,} over --max-playlist-songs / --max-user-playlists and "
+        f"{cleaning['kcore_rows']:,} by the "
         f"k-core (--min-songs {config.min_songs}, --min-song-playlists "
         f"{config.min_song_playlists}): {n_playlists:,} of {len(enc.playlist_ids):,} playlists "
         "kept"

@@ -223,8 +223,7 @@ def _proposer(model: Any, runs_dir: Path, data: PreparedData, dev: Any, shared: 
     """The MDR that proposes candidates for ``model``: its own part when it is a fusion."""
     if hasattr(model, "parts"):
         return model.parts()[0]
-    if not shared:
-        _check_proposer(runs_dir)
+    if not shared:  # an mdr run is there: evaluate_runs checked it before any work
         shared.append(load_run(runs_dir, "mdr", data, dev)[0].eval())
     return shared[0]
 

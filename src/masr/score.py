@@ -828,11 +828,15 @@ def score_file(
     out: str | Path | None = None,
     config: ScoreConfig | None = None,
     log: Callable[[str], None] | None = None,
+    *,
+    metadata: dict[str, Any] | None = None,
 ) -> ScoreSummary:
     """Score every playlist of ``input`` with the exported ``model``; CSV to ``out`` (written
     aside, renamed when complete) or to stdout. Returns the counts of the summary line.
     ``config.engine == "ray"``: the same rows from Ray actors (``masr.score_ray.score_ray``),
-    also as Parquet parts in the directory ``out`` (``config.out_format``)."""
+    also as Parquet parts in the directory ``out`` (``config.out_format``). ``metadata``: the
+    model's ``export_metadata``, when the caller read it and ran ``check_candidates`` on it
+    already (``masr score``; not read and checked again)."""
     config = ScoreConfig() if config is None else config
     check_instance(config, ScoreConfig, "score_file(config=...)")  # a dict: one line
     config.validate()
@@ -841,12 +845,13 @@ def score_file(
         out = None
     # the export's metadata, read once without the graph: options it cannot serve are refused
     # before anything is said, the input read or the model loaded
-    meta = export_metadata(check_model_path(model))
-    check_candidates(meta, config, model)
+    if metadata is None:
+        metadata = export_metadata(check_model_path(model))
+        check_candidates(metadata, config, model)
     if config.columns is None:  # the input's column names come from the same metadata
-        config = replace(config, columns=input_columns(model, say=say, metadata=meta))
+        config = replace(config, columns=input_columns(model, say=say, metadata=metadata))
     if str(input) == "-" or _is_pipe(Path(input)):
-        return _score_spooled(input, model, out, config, say)
+        return _score_spooled(input, model, out, config, say, metadata)
     if config.engine == "ray":  # Ray is imported there, never on this engine's path
         from masr.score_ray import score_ray
 
@@ -858,23 +863,19 @@ def score_file(
     # Ray engine), then the first pass over the input (a row without a playlist id, a file
     # that cannot be read to its end), then the model's lines: a refusal is one line alone
     exported = ExportedModel(model, config.device, config.workers, config.batch_size)
-    summary = ScoreSummary(provider=exported.provider, fallback=fallback_of(exported.metadata))
-    try:
+    try:  # the model closed however this ends
+        summary = ScoreSummary(provider=exported.provider, fallback=fallback_of(exported.metadata))
         chunks = _playlist_chunks(lf, input, config.read_rows, summary)
-    except BaseException:
-        exported.close()
-        raise
-    say(
-        f"ONNX Runtime on {exported.provider.upper()}: {exported.metadata.get('model')} "
-        f"({exported.n_songs:,} songs), {exported.workers} worker(s), "
-        f"batches of {exported.batch_size}"
-    )
-    if not exported.verified:
-        say(unverified_note(exported.path))
-    _two_stage(exported, config, model, say)
-    if exported.provider == "cuda":
-        _chunk_hint(exported, say)
-    try:
+        say(
+            f"ONNX Runtime on {exported.provider.upper()}: {exported.metadata.get('model')} "
+            f"({exported.n_songs:,} songs), {exported.workers} worker(s), "
+            f"batches of {exported.batch_size}"
+        )
+        if not exported.verified:
+            say(unverified_note(exported.path))
+        _two_stage(exported, config, model, say)
+        if exported.provider == "cuda":
+            _chunk_hint(exported, say)
         if out is None:
             _write_all(chunks, exported, stdout_bytes(), config, summary)
         else:
@@ -914,10 +915,12 @@ def _score_spooled(
     out: str | Path | None,
     config: ScoreConfig,
     say: Callable[[str], None],
+    metadata: dict[str, Any],
 ) -> ScoreSummary:
     """INPUT ``-`` (standard input) or a named pipe: spooled to a private temporary file (the
     reader needs a file it can scan twice and tell the format of: CSV, TSV, Parquet, gzipped
-    or not), scored by ``score_file``, removed after."""
+    or not), scored by ``score_file`` (with the export's ``metadata``, checked already),
+    removed after."""
     import shutil
     import tempfile
 
@@ -936,7 +939,7 @@ def _score_spooled(
                 (contextlib.nullcontext(source) if stdin else open(input, "rb")) as src:
             shutil.copyfileobj(src, fh, 1 << 20)  # standard input is left open
         try:
-            return score_file(path, model, out, config, log=say)
+            return score_file(path, model, out, config, log=say, metadata=metadata)
         except MasrError as exc:  # name the input as the user gave it, not the spool file
             raise MasrError(str(exc).replace(str(path), name)) from None
 
@@ -1141,6 +1144,7 @@ def _write_all(
 ) -> None:
     """Read (``chunks``: ``_playlist_chunks``'), score and write chunk by chunk."""
     k = min(config.k, model.n_songs)
+    step = max(1, WRITE_ROWS // k)  # playlists whose rows are written at a time
     header = HEADER  # written with the first rows: an input refused at once writes nothing
     for frame in chunks:
         prepared = _prepare(frame, model, summary)
@@ -1151,7 +1155,6 @@ def _write_all(
         header = b""
         # written WRITE_ROWS rows at a time: a read chunk's whole output as one frame held
         # about 130 bytes a row (QA: 1.1 GB at --k 749 for 25,000 playlists of 17 songs)
-        step = max(1, WRITE_ROWS // k)
         for lo in range(0, len(songs), step):
             part = replace(prepared, playlist_ids=prepared.playlist_ids.slice(lo, step))
             rows = _rows_out(part, songs[lo : lo + step], scores[lo : lo + step], model)

@@ -20,7 +20,7 @@ import contextlib
 import math
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import IO
 
@@ -112,8 +112,7 @@ class SynthConfig:
         check_kinds(self, {"songs_per_playlist": "--mean-length"})  # "5" for users: one line
         check_seed(self.seed)
         finite = [  # songs_per_playlist (--mean-length): its range check below refuses NaN
-            "playlists_per_user", "songs_per_user", "songs_per_artist", "popularity_exponent",
-            "share_favourite", "share_focus", "share_noise", "length_shape",
+            f.name for f in fields(self) if f.type == "float" and f.name != "songs_per_playlist"
         ]
         for name in finite:  # NaN passes every comparison below, then breaks numpy
             if not math.isfinite(getattr(self, name)):

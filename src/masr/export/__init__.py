@@ -59,6 +59,7 @@ from masr.errors import MasrError, check_instance
 from masr.export import external
 from masr.export.graph import build_graph, graph_and_arrays
 from masr.export.sources import (
+    FUSION_KINDS,
     Source,
     fusion_alpha,
     load_sources,
@@ -172,7 +173,7 @@ def export_model(
     check_parents(out, "--out")
     kind, sources = resolve_sources(runs_dir, config.model)
     check_outside_runs(out, runs_dir)
-    if kind not in ("amasr", "masr"):  # one part: refused alone, before the progress line (QA)
+    if kind not in FUSION_KINDS:  # one part: refused alone, before the progress line (QA)
         _check_one_part(kind, config)
     mdr, mass, fused_alpha, described, fingerprint = load_sources(sources)
     # the data the checkpoints were trained on, before any line: other data is one error line

@@ -28,6 +28,9 @@ _KIND_RUNS: dict[str, tuple[str | None, str | None, str | None]] = {
     "amass": (None, "amass", None),
 }
 
+#: the export kinds that fuse two parts (a fusion run of their own): amasr, masr
+FUSION_KINDS = tuple(kind for kind, (_, _, fused) in _KIND_RUNS.items() if fused)
+
 
 @dataclass
 class Source:
@@ -60,7 +63,7 @@ def resolve_sources(runs_dir: str | Path, kind: str | None) -> tuple[str, list[S
     if not runs_dir.is_dir():
         raise MasrError(f"--runs {runs_dir}: no such directory; train first (masr train)")
     looked: list[str] = []
-    for candidate in [kind] if kind else ["amasr", "masr"]:
+    for candidate in [kind] if kind else FUSION_KINDS:
         mdr_run, mass_run, fusion_run = _KIND_RUNS[candidate]
         parts = [(role, run) for role, run in (("mdr", mdr_run), ("mass", mass_run)) if run]
         paths = [(role, run, runs_dir / run / "best.pt") for role, run in parts]
@@ -75,10 +78,10 @@ def resolve_sources(runs_dir: str | Path, kind: str | None) -> tuple[str, list[S
     what = kind or "AMASR or MASR"
     have = sorted(p.parent.name for p in map(Path, dict.fromkeys(looked)) if p.is_file())
     found = f"; it has {', '.join(have)} only" if have else ""
-    fusion = kind in (None, "amasr", "masr")  # a fusion: two parts, or its fusion run
+    fusion = kind is None or kind in FUSION_KINDS  # a fusion: two parts, or its fusion run
     needs = "an MDR and a MASS part, or the fusion run" if fusion else f"the {kind} run"
     # a fusion missing a part: the part there can be exported alone (QA: not said)
-    alone = [h for h in have if h in _KIND_RUNS and h not in ("amasr", "masr")]
+    alone = [h for h in have if h in _KIND_RUNS and h not in FUSION_KINDS]
     other = f", or export {alone[0]} alone: masr export --model {alone[0]}" if alone else ""
     raise MasrError(
         f"--runs {runs_dir}: no trained {what}: the export needs {needs} (looked for "
@@ -98,17 +101,17 @@ def fusion_alpha(runs_dir: str | Path, kind: str) -> tuple[float | None, str | N
     if fusion_run is None:
         return None, None
     run_dir = Path(runs_dir) / fusion_run
+    if not (run_dir / "best.pt").is_file():
+        return None, None
     info, why = parse_run_json(run_dir)
-    if info is None and why is None:  # no run.json beside a best.pt: a fusion killed between
-        why = "missing"  # the two writes (evaluate serves that best.pt's α)
-    if why is not None and (run_dir / "best.pt").is_file():
-        # the run is there, its α not readable (QA: said "no amasr run to take α from")
+    if info is None:  # unreadable, or none beside best.pt: a fusion killed between the two
+        # writes (evaluate serves that best.pt's α; QA: said "no amasr run to take α from")
         return None, (
-            f"note: {run_dir / 'run.json'}: {why}, so its α cannot be read; exporting the "
-            f"paper's α (`masr train --model {fusion_run}` fuses the parts again; or --alpha)"
+            f"note: {run_dir / 'run.json'}: {why or 'missing'}, so its α cannot be read; "
+            f"exporting the paper's α (`masr train --model {fusion_run}` fuses the parts "
+            "again; or --alpha)"
         )
-    info = info or {}
-    if "alpha" not in info or not (run_dir / "best.pt").is_file():
+    if "alpha" not in info:
         return None, None
     if earlier_parts(run_dir, info):
         return None, (

@@ -309,12 +309,9 @@ def _build(
     resume_state = None
     # the run on disk's signature, with the fields an earlier masr did not record filled in
     made = upgraded(info.get("signature", {}), sig) if info is not None else {}
-    can_resume = (
-        resume
-        and info is not None
-        and (run_dir / "last.pt").is_file()
-        and resumable(made) == resumable(sig)
-    )
+    # made with what --resume may not change (data, model, options the run reads) as asked
+    same_kind = info is not None and resumable(made) == resumable(sig)
+    can_resume = resume and same_kind and (run_dir / "last.pt").is_file()
     if resume and not can_resume and info is not None and (run_dir / "last.pt").is_file():
         changed = read_differences(made, sig, resumable)
         raise MasrError(
@@ -332,12 +329,8 @@ def _build(
             f"{recorded} -> {start_epochs}); starting it again from the new best"
         )
         can_resume = False
-    if (
-        can_resume
-        and not target
-        and info.get("status") == "finished"
-        and not intact_checkpoint(run_dir / "best.pt")
-    ):
+    best_problem = _best_problem(run_dir) if can_resume else None  # best.pt read once
+    if can_resume and not target and info.get("status") == "finished" and best_problem:
         can_resume = False  # a finished part whose best.pt is gone: made again, as `reusable`
         # said ("making it again"; QA: then resumed, and failed on that best.pt at the end;
         # review: a raised --epochs changed the signature and it was refused mid-chain)
@@ -350,7 +343,8 @@ def _build(
             resume_state = load_checkpoint(run_dir / "last.pt")
         except MasrError as exc:  # cut short or changed: what is left is to start again
             raise MasrError(f"{exc}; {_restart_advice(run, target)}") from None
-        _check_best_kept(run, run_dir, resume_state, target)
+        if best_problem is not None:
+            _refuse_without_best(run, run_dir, best_problem, resume_state, target)
         _check_resumable(run, run_dir, resume_state, train_cfg, spec.procedure == "apr")
         model = build_model(resume_state, device)
         log(f"{run}: resuming {run_dir} after epoch {resume_state['epoch']}")
@@ -374,11 +368,10 @@ def _build(
             # said only where --resume would have: saved epochs, not more than asked for, every
             # value the run reads the same (QA: said after --temperature 0.5 too), and the
             # parts it started from at the best epochs they had then
-            recorded = info.get("start_epochs")
             would = (  # the cheap conditions first: the checkpoints are read whole
                 command == "masr train"
                 and done <= train_cfg.epochs
-                and resumable(made) == resumable(sig)
+                and same_kind
                 and (recorded is None or recorded == start_epochs)
                 and intact_checkpoint(run_dir / "last.pt")  # what --resume needs (QA: said
                 and intact_checkpoint(run_dir / "best.pt")  # of a last.pt cut short)
@@ -540,23 +533,28 @@ def _restart_advice(run: str, target: bool) -> str:
     )
 
 
-def _check_best_kept(run: str, run_dir: Path, state: dict[str, Any], target: bool) -> None:
-    """Refuse a --resume whose best.pt is missing or damaged: it alone holds the best epoch so
-    far (last.pt the last one), so a resumed run that found no better epoch ended on it (QA:
-    best.pt cut short, --resume trained on, then failed at the end with no advice, the run
-    marked failed, and every later --resume the same)."""
+def _best_problem(run_dir: Path) -> str | None:
+    """Why a run's best.pt cannot be resumed with: "missing" or "damaged (...)"; None when
+    whole (``checkpoint_damage``, which reads it through)."""
     best = run_dir / "best.pt"
     if not best.is_file():
-        problem = "missing"
-    elif (damage := checkpoint_damage(best)) is not None:
-        problem = f"damaged ({damage})"
-    else:
-        return
+        return "missing"
+    damage = checkpoint_damage(best)
+    return None if damage is None else f"damaged ({damage})"
+
+
+def _refuse_without_best(
+    run: str, run_dir: Path, problem: str, state: dict[str, Any], target: bool
+) -> None:
+    """Refuse a --resume whose best.pt is missing or damaged (``problem``): it alone holds the
+    best epoch so far (last.pt the last one), so a resumed run that found no better epoch ended
+    on it (QA: best.pt cut short, --resume trained on, then failed at the end with no advice,
+    the run marked failed, and every later --resume the same)."""
     epoch = state.get("best_epoch")
     holds = f" (epoch {epoch})" if epoch else ""
     raise MasrError(
-        f"{best}: {problem}; --resume needs the best epoch so far{holds} it holds; "
-        + _restart_advice(run, target)
+        f"{run_dir / 'best.pt'}: {problem}; --resume needs the best epoch so far{holds} it "
+        "holds; " + _restart_advice(run, target)
     )
 
 
